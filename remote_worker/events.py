@@ -1,0 +1,74 @@
+"""The worker's half of the event protocol: an append-only JSON-lines log with gap-free `seq`.
+
+Each event is written as one line and flushed before `emit` returns, so a reader that tails the file by
+byte offset sees either a whole event or nothing of it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+EVENTS_FILE = "events.jsonl"
+KINDS = frozenset({"start", "env", "params", "metrics", "progress", "log", "artifact", "traceback", "end"})
+
+
+def _jsonable(value: Any) -> Any:
+    """JSON has no NaN/Infinity; send them as strings so every line stays strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+class EventLog:
+    """Appends events to `<run_dir>/events.jsonl`, continuing the `seq` of an existing log."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = Path(run_dir) / EVENTS_FILE
+        self._next_seq = self._count_existing()
+        self._file = self.path.open("a", encoding="utf-8")
+
+    def _count_existing(self) -> int:
+        if not self.path.exists():
+            return 0
+        with self.path.open("rb") as f:
+            return sum(1 for line in f if line.endswith(b"\n"))
+
+    def emit(
+        self,
+        kind: str,
+        data: Any = None,
+        *,
+        scope: str | None = None,
+        step: int | None = None,
+        t: float | None = None,
+    ) -> int:
+        """Write one event and return its `seq`."""
+        if kind not in KINDS:
+            raise ValueError(f"unknown event kind {kind!r}; expected one of {sorted(KINDS)}")
+        event: dict[str, Any] = {"seq": self._next_seq, "t": time.time() if t is None else t, "kind": kind}
+        if scope is not None:
+            event["scope"] = scope
+        if step is not None:
+            event["step"] = int(step)
+        event["data"] = _jsonable(data if data is not None else {})
+        self._file.write(json.dumps(event, separators=(",", ":"), allow_nan=False) + "\n")
+        self._file.flush()
+        self._next_seq += 1
+        return event["seq"]
+
+    def progress(self, task: str, completed: int, total: int, message: str = "") -> int:
+        return self.emit("progress", {"task": task, "completed": completed, "total": total, "message": message})
+
+    def close(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()

@@ -1,0 +1,13 @@
+"""Experiments the worker can run, by the name `experiment.name` gives."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from remote_worker.events import EventLog
+from remote_worker.experiments.probe import run_probe
+from remote_worker.spec import Spec
+
+Experiment = Callable[[Spec, EventLog], None]
+
+EXPERIMENTS: dict[str, Experiment] = {"probe": run_probe}

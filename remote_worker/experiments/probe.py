@@ -1,0 +1,69 @@
+"""`experiment=probe`: environment, model structure and cache behaviour, as MLflow answers and probe.json."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+
+from remote_worker.events import EventLog
+from remote_worker.models.loading import load_model
+from remote_worker.probes.cache_behaviour import probe_cache
+from remote_worker.probes.environment import probe_environment
+from remote_worker.probes.model_structure import probe_model
+from remote_worker.spec import Spec
+
+PROBE_FILE = "probe.json"
+
+
+def split_answers(report: dict[str, Any], prefix: str) -> tuple[dict[str, str], dict[str, float]]:
+    """Flatten a report into MLflow params (text, flags, lists) and metrics (numbers), by dotted key."""
+    params: dict[str, str] = {}
+    metrics: dict[str, float] = {}
+    for key, value in report.items():
+        name = f"{prefix}.{key}"
+        if isinstance(value, dict) and value and all(isinstance(v, int) for v in value.values()):
+            params[name] = ", ".join(f"{k}={v}" for k, v in value.items())
+        elif isinstance(value, dict):
+            sub_params, sub_metrics = split_answers(value, name)
+            params.update(sub_params)
+            metrics.update(sub_metrics)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            metrics[name] = float(value)
+        elif isinstance(value, list):
+            params[name] = ", ".join(map(str, value)) or "none"
+        else:
+            params[name] = str(value)
+    return params, metrics
+
+
+def run_probe(spec: Spec, log: EventLog) -> None:
+    steps = 4
+    prefill = int(spec.probe.get("prefill_tokens", 16))
+    crop = int(spec.probe.get("crop_tokens", 4))
+
+    log.progress("probe", 0, steps, "environment")
+    report: dict[str, Any] = {"environment": probe_environment()}
+
+    log.progress("probe", 1, steps, f"loading {spec.model.name}")
+    model = load_model(spec.model, spec.seed)
+    device = next(model.parameters()).device
+    vocab = model.get_input_embeddings().num_embeddings
+    generator = torch.Generator().manual_seed(spec.seed)
+    input_ids = torch.randint(0, vocab, (1, prefill), generator=generator).to(device)
+
+    log.progress("probe", 2, steps, "model structure")
+    report["model"] = probe_model(model, input_ids)
+    report["model"]["name"] = spec.model.name
+
+    log.progress("probe", 3, steps, "cache behaviour")
+    report["cache"] = probe_cache(model, input_ids, crop)
+
+    for section in ("model", "cache"):
+        params, metrics = split_answers(report[section], f"probe.{section}")
+        log.emit("params", params)
+        log.emit("metrics", metrics, step=0)
+    (spec.run_dir / PROBE_FILE).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    log.emit("artifact", {"path": PROBE_FILE})
+    log.progress("probe", steps, steps, "done")

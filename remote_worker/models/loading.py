@@ -1,0 +1,51 @@
+"""Build a target model from a spec: a seeded tiny model from an inline config, or a checkpoint directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import transformers
+
+from remote_worker.spec import ModelSpec
+
+DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("model.device='cuda' but torch sees no CUDA device on this host")
+    return torch.device(name)
+
+
+def model_class(arch: str) -> type[transformers.PreTrainedModel]:
+    cls = getattr(transformers, arch, None)
+    if cls is None or not isinstance(cls, type) or not issubclass(cls, transformers.PreTrainedModel):
+        raise ValueError(
+            f"model.arch={arch!r} is not a model class of transformers {transformers.__version__} on this host"
+        )
+    return cls
+
+
+def load_model(spec: ModelSpec, seed: int) -> transformers.PreTrainedModel:
+    """Return the model in eval mode, on its device, in its dtype."""
+    cls = model_class(spec.arch)
+    dtype = DTYPES[spec.dtype]
+    device = resolve_device(spec.device)
+    if spec.source == "config":
+        config = cls.config_class(**spec.config)
+        torch.manual_seed(seed)
+        model = cls(config).to(dtype=dtype)
+    else:
+        path = Path(spec.path or "")
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"model directory {path} has no config.json (model.path)")
+        model = cls.from_pretrained(path, dtype=dtype)
+    return model.to(device).eval()

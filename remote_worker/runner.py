@@ -1,0 +1,43 @@
+"""Runs one spec: start and env events, the experiment, and an `end` event whatever happens."""
+
+from __future__ import annotations
+
+import os
+import traceback
+from pathlib import Path
+
+from remote_worker.events import EventLog
+from remote_worker.probes.environment import environment_tags, probe_environment
+from remote_worker.spec import SpecError, load_spec
+
+TRACEBACK_FILE = "traceback.txt"
+
+
+def run(spec_path: Path) -> int:
+    """Return the process exit code: 0 when the experiment finished, 1 when it failed or was stopped."""
+    run_dir = spec_path.resolve().parent
+    log = EventLog(run_dir)
+    log.emit("start", {"pid": os.getpid(), "spec": spec_path.name})
+    try:
+        spec = load_spec(spec_path)
+        log.emit("env", environment_tags(probe_environment()))
+        from remote_worker.experiments import EXPERIMENTS
+
+        experiment = EXPERIMENTS.get(spec.experiment_name)
+        if experiment is None:
+            raise SpecError(
+                f"spec: experiment.name={spec.experiment_name!r} is not one of: {', '.join(sorted(EXPERIMENTS))}"
+            )
+        experiment(spec, log)
+    except BaseException as exc:  # noqa: BLE001 - every failure, even KeyboardInterrupt, must reach the log
+        text = traceback.format_exc()
+        (run_dir / TRACEBACK_FILE).write_text(text, encoding="utf-8")
+        error_line = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        log.emit("traceback", {"path": TRACEBACK_FILE, "error": error_line})
+        status = "KILLED" if isinstance(exc, (SystemExit, KeyboardInterrupt)) else "FAILED"
+        log.emit("end", {"status": status, "error": error_line})
+        log.close()
+        return 1
+    log.emit("end", {"status": "FINISHED"})
+    log.close()
+    return 0
