@@ -28,7 +28,7 @@ def run(spec_path: Path) -> int:
             raise SpecError(
                 f"spec: experiment.name={spec.experiment_name!r} is not one of: {', '.join(sorted(EXPERIMENTS))}"
             )
-        experiment(spec, log)
+        summary = experiment(spec, log)
     except BaseException as exc:  # noqa: BLE001 - every failure, even KeyboardInterrupt, must reach the log
         text = traceback.format_exc()
         (run_dir / TRACEBACK_FILE).write_text(text, encoding="utf-8")
@@ -38,6 +38,6 @@ def run(spec_path: Path) -> int:
         log.emit("end", {"status": status, "error": error_line})
         log.close()
         return 1
-    log.emit("end", {"status": "FINISHED"})
+    log.emit("end", {"status": "FINISHED", "summary": summary})
     log.close()
     return 0

@@ -10,6 +10,8 @@ from typing import Any
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 MODEL_SOURCES = ("config", "pretrained")
+# The experiments `remote_worker.experiments.EXPERIMENTS` implements (kept here: this module needs no torch).
+EXPERIMENT_NAMES = ("probe",)
 
 
 class SpecError(ValueError):
@@ -46,7 +48,7 @@ def _require(section: dict[str, Any], key: str, where: str, kind: type | tuple[t
     if key not in section:
         raise SpecError(f"spec: missing key {where}{key}")
     value = section[key]
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is int:
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
         raise SpecError(f"spec: {where}{key}={value!r} has the wrong type")
     return value
 

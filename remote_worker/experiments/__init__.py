@@ -8,6 +8,7 @@ from remote_worker.events import EventLog
 from remote_worker.experiments.probe import run_probe
 from remote_worker.spec import Spec
 
-Experiment = Callable[[Spec, EventLog], None]
+# An experiment reports through the event log and returns a short summary (label → text) for the terminal.
+Experiment = Callable[[Spec, EventLog], dict[str, str]]
 
 EXPERIMENTS: dict[str, Experiment] = {"probe": run_probe}

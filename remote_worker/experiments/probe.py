@@ -38,7 +38,22 @@ def split_answers(report: dict[str, Any], prefix: str) -> tuple[dict[str, str], 
     return params, metrics
 
 
-def run_probe(spec: Spec, log: EventLog) -> None:
+def summarize(report: dict[str, Any]) -> dict[str, str]:
+    """The few answers worth a line in the terminal; everything else is in MLflow and probe.json."""
+    model, cache = report["model"], report["cache"]
+    summary = {
+        "model": f"{model['class']} ({model['num_parameters']:,} parameters, {model['dtype']})",
+        "layers": ", ".join(f"{k}={v}" for k, v in model["layer_type_counts"].items()),
+        "cache reports croppable": str(cache["reports_croppable"]),
+        "native crop": cache["native_crop"]["result"],
+    }
+    for name in ("native_crop", "recording_crop"):
+        if "logits_max_abs_diff" in cache.get(name, {}):
+            summary[f"{name.replace('_', ' ')}: max |Δ logits|"] = f"{cache[name]['logits_max_abs_diff']:.3g}"
+    return summary
+
+
+def run_probe(spec: Spec, log: EventLog) -> dict[str, str]:
     steps = 4
     prefill = int(spec.probe.get("prefill_tokens", 16))
     crop = int(spec.probe.get("crop_tokens", 4))
@@ -67,3 +82,4 @@ def run_probe(spec: Spec, log: EventLog) -> None:
     (spec.run_dir / PROBE_FILE).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     log.emit("artifact", {"path": PROBE_FILE})
     log.progress("probe", steps, steps, "done")
+    return summarize(report)

@@ -65,7 +65,7 @@ def crop_and_continue(
     _next_logits(model, input_ids, cache)
     try:
         native_crop(cache, remove)
-    except Exception as exc:  # the exact failure is the answer
+    except Exception as exc:  # noqa: BLE001 - the exact failure is the answer
         return {"result": describe_error(exc)}
     length_after = cache.get_seq_length()
     continued = _next_logits(model, input_ids[:, keep : keep + 1], cache)
@@ -85,7 +85,7 @@ def probe_cache(model: PreTrainedModel, input_ids: torch.Tensor, remove: int) ->
     try:
         cache = DynamicCache(config=model.config)
         report["prebuilt_from_config"] = "ok"
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the exact failure is the answer
         report["prebuilt_from_config"] = describe_error(exc)
         cache = DynamicCache()
     report["layer_classes_before_forward"] = layer_class_counts(cache)

@@ -1,0 +1,39 @@
+# The two set-up commands are `make run` and `make test`; everything else builds on the same .venv.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+ARGS ?=
+
+.PHONY: run test lint ui lock clean
+
+$(STAMP): requirements/worker.txt requirements/local.txt requirements/dev.txt requirements/lock.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements/dev.txt -c requirements/lock.txt
+	@touch $(STAMP)
+
+## run: the main job on the embedded default (local host, tiny hybrid model, local MLflow store)
+run: $(STAMP)
+	$(PY) -m orchestrator $(ARGS)
+
+## test: the whole test suite
+test: $(STAMP)
+	$(PY) -m pytest $(ARGS)
+
+## lint: ruff over the whole tree
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+## ui: the MLflow UI on the local store, at http://127.0.0.1:5000
+ui: $(STAMP)
+	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlruns.db --host 127.0.0.1 --port 5000
+
+## lock: re-pin every transitive dependency from the current .venv
+lock: $(STAMP)
+	@{ echo "# Every transitive dependency, pinned: used as pip constraints by the Makefile. Regenerate with 'make lock'."; \
+	   $(PY) -m pip freeze --exclude-editable | sed 's/^torch==\([0-9.]*\)+cpu$$/torch==\1/'; } > requirements/lock.txt
+
+clean:
+	rm -rf .work .orchestrator outputs multirun

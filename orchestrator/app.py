@@ -1,0 +1,147 @@
+"""One job, start to end: validate, create the MLflow run, launch the worker, follow it, finish the run."""
+
+from __future__ import annotations
+
+import posixpath
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from mlflow.tracking import MlflowClient
+from omegaconf import DictConfig
+from rich.console import Console
+
+from orchestrator import PROJECT_ROOT
+from orchestrator.display import LiveProgress, summary_table
+from orchestrator.gitinfo import git_info
+from orchestrator.launch import (
+    STDERR_FILE,
+    run_dir_for,
+    start_worker,
+    stop_worker,
+    wait_for_start,
+    write_spec,
+)
+from orchestrator.state import StateStore, StreamState
+from orchestrator.stream import drain, follow, wait_for_exit
+from orchestrator.tracking.runs import EXIT_CODES, connect, create_job_run, finish, run_url
+from orchestrator.tracking.sink import MlflowSink
+from orchestrator.transport import LocalTransport, Transport
+from orchestrator.validation import ConfigError, resolve_config
+
+EVENTS_ARTIFACT = "events.jsonl"
+STDERR_TAIL_LINES = 20
+
+
+@dataclass
+class Outcome:
+    status: str
+    error: str | None = None
+    stage: str | None = None
+
+
+def worker_spec(config: dict[str, Any], run_id: str, run_dir: str) -> dict[str, Any]:
+    """The spec file: only what the worker needs (never host, tracking or orchestrator settings)."""
+    return {
+        "run_id": run_id,
+        "run_dir": run_dir,
+        "seed": config["seed"],
+        "experiment": config["experiment"],
+        "model": config["model"],
+        "decode": config["decode"],
+        "probe": config["probe"],
+    }
+
+
+def make_transport(host: dict[str, Any]) -> Transport:
+    return LocalTransport(host["name"])
+
+
+def run_job(cfg: DictConfig) -> int:
+    """Run one job and return its exit code (0 FINISHED, 1 FAILED, 130 KILLED, 2 bad config)."""
+    console = Console()
+    try:
+        config = resolve_config(cfg)
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    client = connect(config["tracking"])
+    experiment_id, run_id = create_job_run(client, config, HydraConfig.get().overrides.task, git_info())
+    host = config["host"]
+    transport = make_transport(host)
+    run_dir = run_dir_for(host["workdir"], run_id)
+    state = StreamState(run_id=run_id, host=host["name"], run_dir=run_dir)
+    sink = MlflowSink(client, experiment_id, state, StateStore(Path(config["orchestrator"]["state_dir"])), transport)
+    console.print(f"[bold]run[/bold] {run_id} on [bold]{host['name']}[/bold] · {config['model']['name']}")
+    with LiveProgress(console) as live:
+        outcome = _launch_and_follow(config, transport, sink, live)
+    stderr_tail = _log_run_files(client, transport, run_id, run_dir)
+    if outcome.error and sink.error is None:  # a worker traceback has already set both tags
+        client.set_tag(run_id, "failure_stage", outcome.stage or "worker")
+        client.set_tag(run_id, "error", outcome.error)
+    finish(client, sink.run_ids(), outcome.status)
+    transport.close()
+    summary = (sink.end or {}).get("summary") or {}
+    _print_summary(console, client, experiment_id, run_id, outcome, summary, stderr_tail)
+    return EXIT_CODES[outcome.status]
+
+
+def _launch_and_follow(config: dict[str, Any], transport: Transport, sink: MlflowSink, live: LiveProgress) -> Outcome:
+    host, run_dir = config["host"], sink.state.run_dir
+    grace = float(config["orchestrator"]["kill_grace_s"])
+    stage = "launch"
+    try:
+        write_spec(transport, run_dir, worker_spec(config, sink.state.run_id, run_dir))
+        start_worker(transport, run_dir, host["python"] or sys.executable, str(PROJECT_ROOT), host["env"])
+        wait_for_start(transport, run_dir)
+        stage = "stream"
+        gone = follow(transport, sink, live.show, float(config["orchestrator"]["poll_interval_s"]))
+        if gone is not None:
+            return Outcome("FAILED", f"{gone.describe()} before reporting an end event", "worker")
+        assert sink.end is not None
+        if wait_for_exit(transport, run_dir, grace).alive:
+            stop_worker(transport, run_dir, grace)
+        return Outcome(str(sink.end.get("status", "FAILED")), sink.end.get("error"), "worker")
+    except KeyboardInterrupt:
+        live.note("[yellow]interrupted: stopping the worker[/yellow]")
+        stop_worker(transport, run_dir, grace)
+        drain(transport, sink, live.show)
+        return Outcome("KILLED", "interrupted by the user (Ctrl-C)", stage)
+    except Exception as exc:  # noqa: BLE001 - any failure ends the run FAILED, with the worker stopped
+        stop_worker(transport, run_dir, grace)
+        return Outcome("FAILED", f"{type(exc).__name__}: {exc}", stage)
+
+
+def _log_run_files(client: MlflowClient, transport: Transport, run_id: str, run_dir: str) -> list[str]:
+    """Log the whole event log and the worker's stderr; return the last lines of stderr."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tail: list[str] = []
+        for name in (EVENTS_ARTIFACT, STDERR_FILE):
+            local = Path(tmp) / name
+            if transport.fetch(posixpath.join(run_dir, name), local):
+                client.log_artifact(run_id, str(local))
+                if name == STDERR_FILE:
+                    tail = local.read_text(encoding="utf-8", errors="replace").splitlines()[-STDERR_TAIL_LINES:]
+        return tail
+
+
+def _print_summary(
+    console: Console,
+    client: MlflowClient,
+    experiment_id: str,
+    run_id: str,
+    outcome: Outcome,
+    summary: dict[str, Any],
+    stderr_tail: list[str],
+) -> None:
+    if outcome.status == "FAILED" and outcome.stage == "worker" and stderr_tail:
+        console.print("[red]last lines of the worker's stderr:[/red]")
+        for line in stderr_tail:
+            console.print(f"  {line}", markup=False, highlight=False)
+    links = {"mlflow run": run_id, "url": run_url(client, experiment_id, run_id)}
+    if not client.tracking_uri.startswith("http"):
+        links["ui"] = "run `make ui` to serve the local store at that address"
+    console.print(summary_table(outcome.status, outcome.error, summary, links))

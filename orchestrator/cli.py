@@ -1,0 +1,32 @@
+"""The Hydra entry point. Group choices are checked first, so a typo gives one line, not a Hydra report."""
+
+from __future__ import annotations
+
+import sys
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from orchestrator import CONF_DIR
+from orchestrator.validation import ConfigError, check_group_choices
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
+def hydra_main(cfg: DictConfig) -> int:
+    from orchestrator.app import run_job  # imported here: MLflow is slow to import and --help needs none of it
+
+    code = run_job(cfg)
+    if HydraConfig.get().mode == RunMode.RUN:
+        sys.exit(code)
+    return code
+
+
+def main() -> None:
+    try:
+        check_group_choices(sys.argv[1:], CONF_DIR)
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    hydra_main()

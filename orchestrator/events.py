@@ -1,0 +1,56 @@
+"""The orchestrator's half of the event protocol: whole lines from a byte stream, parsed and checked."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from remote_worker.events import EVENTS_FILE, KINDS
+
+__all__ = ["EVENTS_FILE", "Event", "ProtocolError", "parse_event", "split_events"]
+
+
+class ProtocolError(RuntimeError):
+    """The event log broke the protocol (bad JSON, unknown kind, a gap in `seq`)."""
+
+
+@dataclass(frozen=True)
+class Event:
+    seq: int
+    t: float
+    kind: str
+    data: Any = field(default_factory=dict)
+    scope: str | None = None
+    step: int | None = None
+
+    @property
+    def timestamp_ms(self) -> int:
+        return int(self.t * 1000)
+
+
+def parse_event(line: bytes) -> Event:
+    try:
+        raw = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"event line is not JSON: {line[:200]!r}") from exc
+    if not isinstance(raw, dict):
+        raise ProtocolError(f"event line is not a JSON object: {line[:200]!r}")
+    try:
+        seq, t, kind = raw["seq"], raw["t"], raw["kind"]
+    except KeyError as exc:
+        raise ProtocolError(f"event without {exc.args[0]!r}: {line[:200]!r}") from exc
+    if not isinstance(seq, int) or seq < 0 or not isinstance(t, (int, float)) or kind not in KINDS:
+        raise ProtocolError(f"malformed event: {line[:200]!r}")
+    step = raw.get("step")
+    return Event(seq=seq, t=float(t), kind=kind, data=raw.get("data", {}), scope=raw.get("scope"), step=step)
+
+
+def split_events(chunk: bytes) -> tuple[list[Event], int]:
+    """Parse the complete lines of `chunk`; return them and the number of bytes they span.
+
+    A trailing line without its newline is still being written: it is left for the next read.
+    """
+    end = chunk.rfind(b"\n") + 1
+    events = [parse_event(line) for line in chunk[:end].splitlines() if line.strip()]
+    return events, end

@@ -1,0 +1,116 @@
+"""Start the worker detached on a host, ask how it is doing, and stop it.
+
+The worker runs in its own session (`setsid`) with all three streams redirected, so it outlives the
+connection that started it. Its session leader is a small `sh` that writes `pid` before running the
+worker and `exit_code` after it, so a death without an `end` event (SIGKILL, out of memory) is still seen.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.transport import Transport
+
+SPEC_FILE = "spec.json"
+PID_FILE = "pid"
+EXIT_CODE_FILE = "exit_code"
+STDOUT_FILE = "stdout.log"
+STDERR_FILE = "stderr.log"
+
+# Fixed scripts: every value reaches them as a positional argument, never spliced into the text.
+_SUPERVISE = 'echo $$ > pid; "$@"; echo $? > exit_code.part; mv exit_code.part exit_code'
+_DETACH = (
+    'cd "$1" || exit 1; shift; '
+    f"setsid sh -c '{_SUPERVISE}' worker \"$@\" < /dev/null > {STDOUT_FILE} 2> {STDERR_FILE} &"
+)
+_STATUS = (
+    'cd "$1" 2>/dev/null || { echo missing; exit 0; }; '
+    f"if [ -f {EXIT_CODE_FILE} ]; then echo exited $(cat {EXIT_CODE_FILE}); "
+    f'elif [ -f {PID_FILE} ] && kill -0 -"$(cat {PID_FILE})" 2>/dev/null; then echo running $(cat {PID_FILE}); '
+    f"elif [ -f {PID_FILE} ]; then echo vanished $(cat {PID_FILE}); "
+    "else echo starting; fi"
+)
+
+
+@dataclass(frozen=True)
+class WorkerStatus:
+    """`state` is one of starting, running, exited, vanished, missing."""
+
+    state: str
+    pid: int | None = None
+    exit_code: int | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.state in ("starting", "running")
+
+    def describe(self) -> str:
+        if self.state == "exited" and self.exit_code is not None:
+            if self.exit_code > 128:
+                return f"worker was killed by signal {self.exit_code - 128} (exit code {self.exit_code})"
+            return f"worker exited with code {self.exit_code}"
+        if self.state == "vanished":
+            return "worker process group disappeared without writing an exit code (killed, or the host rebooted)"
+        if self.state == "missing":
+            return "the run directory is gone from the host"
+        return f"worker is {self.state}"
+
+
+def run_dir_for(workdir: str, run_id: str) -> str:
+    return posixpath.join(workdir, "runs", run_id)
+
+
+def write_spec(transport: Transport, run_dir: str, spec: Mapping[str, Any]) -> None:
+    transport.make_dirs(posixpath.dirname(run_dir), 0o700)
+    transport.make_dirs(run_dir, 0o700)
+    data = (json.dumps(spec, indent=1, sort_keys=True) + "\n").encode()
+    transport.write_file(posixpath.join(run_dir, SPEC_FILE), data, 0o600)
+
+
+def start_worker(transport: Transport, run_dir: str, python: str, code_dir: str, env: Mapping[str, str]) -> None:
+    """Launch `python -m remote_worker run spec.json` detached in `run_dir`; returns at once."""
+    worker_env = [f"{key}={value}" for key, value in env.items()] + [f"PYTHONPATH={code_dir}"]
+    argv = ["sh", "-c", _DETACH, "launch", run_dir, "env", *worker_env]
+    argv += [python, "-m", "remote_worker", "run", SPEC_FILE]
+    transport.run(argv)
+
+
+def worker_status(transport: Transport, run_dir: str) -> WorkerStatus:
+    words = transport.run(["sh", "-c", _STATUS, "status", run_dir]).stdout.split()
+    state = words[0] if words else "missing"
+    number = int(words[1]) if len(words) > 1 and words[1].lstrip("-").isdigit() else None
+    if state == "exited":
+        return WorkerStatus(state, exit_code=number)
+    return WorkerStatus(state, pid=number)
+
+
+def wait_for_start(transport: Transport, run_dir: str, timeout_s: float = 30.0) -> WorkerStatus:
+    """Wait until the supervisor has written its pid (or already finished)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = worker_status(transport, run_dir)
+        if status.state != "starting" or time.monotonic() > deadline:
+            return status
+        time.sleep(0.05)
+
+
+def stop_worker(transport: Transport, run_dir: str, grace_s: float) -> WorkerStatus:
+    """SIGTERM the worker's process group, then SIGKILL it after `grace_s`; return the final status."""
+    status = worker_status(transport, run_dir)
+    if status.state != "running" or status.pid is None:
+        return status
+    group = f"-{status.pid}"  # `kill -SIG -PGID` (no `--`: dash's builtin kill rejects it)
+    transport.run(["kill", "-TERM", group], check=False)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if transport.run(["kill", "-0", group], check=False).exit_code != 0:
+            break
+        time.sleep(0.1)
+    else:
+        transport.run(["kill", "-KILL", group], check=False)
+    return worker_status(transport, run_dir)

@@ -1,0 +1,1 @@
+"""MLflow: creating the job's run, applying the worker's events to it, finishing it."""

@@ -1,0 +1,164 @@
+"""Apply worker events to MLflow exactly once and in order.
+
+An event is applied only if its `seq` is the next one; after each batch the last applied `seq` and the
+byte offset are saved (locally and as tags), so a restarted orchestrator resumes where this one stopped.
+A crash between applying and saving replays a few events; that is harmless, because every effect is
+idempotent: metrics carry the worker's timestamp (MLflow keeps one row per key, timestamp, step and value),
+params are re-logged with the same value, tags and artifacts are overwritten with the same content.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
+from mlflow.utils.validation import (
+    MAX_ENTITIES_PER_BATCH,
+    MAX_PARAM_VAL_LENGTH,
+    MAX_PARAMS_TAGS_PER_BATCH,
+)
+
+from orchestrator.events import Event, ProtocolError
+from orchestrator.redaction import redact, to_params
+from orchestrator.state import StateStore, StreamState
+from orchestrator.transport import Transport
+
+SCOPE_TAG = "orchestrator.scope"
+LAST_SEQ_TAG = "orchestrator.last_seq"
+OFFSET_TAG = "orchestrator.offset"
+
+
+@dataclass
+class _Pending:
+    metrics: list[Metric] = field(default_factory=list)
+    params: dict[str, str] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+class MlflowSink:
+    """Turns the event stream of one job into MLflow calls on the job's run and its child runs."""
+
+    def __init__(
+        self,
+        client: MlflowClient,
+        experiment_id: str,
+        state: StreamState,
+        store: StateStore,
+        transport: Transport,
+    ) -> None:
+        self.client = client
+        self.experiment_id = experiment_id
+        self.state = state
+        self.store = store
+        self.transport = transport
+        self.end: dict[str, Any] | None = None
+        self.error: str | None = None
+        self._pending: dict[str, _Pending] = defaultdict(_Pending)
+
+    # -- the public surface ---------------------------------------------------------------------------
+
+    def apply(self, events: list[Event], end_offset: int) -> list[Event]:
+        """Apply the new events among `events`; return those that were new. Saves state at the end."""
+        fresh = []
+        for event in events:
+            if event.seq <= self.state.last_seq:
+                continue
+            if event.seq != self.state.last_seq + 1:
+                raise ProtocolError(f"event seq {event.seq} follows {self.state.last_seq}: the log has a gap")
+            self._apply_one(event)
+            self.state.last_seq = event.seq
+            fresh.append(event)
+        self.state.offset = max(self.state.offset, end_offset)
+        self._pending[self.state.run_id].tags.update(
+            {LAST_SEQ_TAG: str(self.state.last_seq), OFFSET_TAG: str(self.state.offset)}
+        )
+        self._flush()
+        self.store.save(self.state)
+        return fresh
+
+    def run_ids(self) -> list[str]:
+        """The job's run and every child run, children first."""
+        return [*self.state.children.values(), self.state.run_id]
+
+    # -- events ---------------------------------------------------------------------------------------
+
+    def _apply_one(self, event: Event) -> None:
+        run_id = self._run_for(event.scope)
+        data = event.data if isinstance(event.data, dict) else {}
+        if event.kind in ("artifact", "traceback"):
+            self._flush()  # files are logged at once, after everything the worker reported before them
+            self._log_remote_file(run_id, str(data.get("path", "traceback.txt")))
+        pending = self._pending[run_id]
+        if event.kind == "start":
+            pending.tags["worker.pid"] = str(data.get("pid", ""))
+        elif event.kind == "env":
+            pending.tags.update({k: str(v) for k, v in redact(data).items()})
+        elif event.kind == "params":
+            pending.params.update(to_params(data, MAX_PARAM_VAL_LENGTH))
+        elif event.kind == "metrics":
+            step = event.step or 0
+            for key, value in data.items():
+                pending.metrics.append(Metric(key, float(value), event.timestamp_ms, step))
+        elif event.kind == "traceback":
+            self.error = str(data.get("error", "worker raised an exception"))
+            pending.tags.update({"error": self.error, "failure_stage": "worker"})
+        elif event.kind == "end":
+            self.end = data
+            pending.tags["worker.status"] = str(data.get("status", "unknown"))
+        # `progress` and `log` are for the terminal; they stay in events.jsonl, which is logged at the end.
+
+    def _run_for(self, scope: str | None) -> str:
+        if scope is None:
+            return self.state.run_id
+        if scope not in self.state.children:
+            self.state.children[scope] = self._find_or_create_child(scope)
+        return self.state.children[scope]
+
+    def _find_or_create_child(self, scope: str) -> str:
+        # A previous orchestrator may have created the child and died before saving its state.
+        found = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=f"tags.mlflow.parentRunId = '{self.state.run_id}' and tags.`{SCOPE_TAG}` = '{scope}'",
+            max_results=1,
+        )
+        if found:
+            return found[0].info.run_id
+        child = self.client.create_run(
+            self.experiment_id,
+            run_name=scope,
+            tags={"mlflow.parentRunId": self.state.run_id, SCOPE_TAG: scope},
+        )
+        return child.info.run_id
+
+    def _log_remote_file(self, run_id: str, relative: str) -> None:
+        if relative.startswith("/") or ".." in relative.split("/"):
+            raise ProtocolError(f"artifact path {relative!r} is not inside the run directory")
+        with tempfile.TemporaryDirectory() as tmp:
+            local = Path(tmp) / posixpath.basename(relative)
+            if self.transport.fetch(posixpath.join(self.state.run_dir, relative), local):
+                folder = posixpath.dirname(relative) or None
+                self.client.log_artifact(run_id, str(local), artifact_path=folder)
+            else:
+                self._pending[run_id].tags[f"missing_artifact.{relative}"] = "listed by the worker but not found"
+
+    def _flush(self) -> None:
+        """Send everything pending in as few `log_batch` calls as MLflow's per-call limits allow."""
+        for run_id, pending in self._pending.items():
+            metrics = pending.metrics
+            params = [Param(k, v) for k, v in pending.params.items()]
+            tags = [RunTag(k, v) for k, v in pending.tags.items()]
+            while metrics or params or tags:
+                batch_params = params[:MAX_PARAMS_TAGS_PER_BATCH]
+                batch_tags = tags[:MAX_PARAMS_TAGS_PER_BATCH]
+                batch_metrics = metrics[: MAX_ENTITIES_PER_BATCH - len(batch_params) - len(batch_tags)]
+                self.client.log_batch(run_id, metrics=batch_metrics, params=batch_params, tags=batch_tags)
+                metrics = metrics[len(batch_metrics) :]
+                params = params[len(batch_params) :]
+                tags = tags[len(batch_tags) :]
+        self._pending.clear()

@@ -1,0 +1,116 @@
+"""Config checks that run before anything is created: one clear line per mistake, naming key and allowed values."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from remote_worker.spec import DEVICES, DTYPES, EXPERIMENT_NAMES, MODEL_SOURCES
+
+HOST_KINDS = ("local",)
+TRACKING_SCHEMES = {"local": ("sqlite:///", "file:"), "server": ("http://", "https://")}
+
+
+class ConfigError(ValueError):
+    """A config mistake; the message is the single line shown to the user."""
+
+
+def group_options(conf_dir: Path, group: str) -> list[str]:
+    return sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
+
+
+def check_group_choices(args: Sequence[str], conf_dir: Path) -> None:
+    """Reject `group=choice` overrides naming a config file that does not exist.
+
+    Hydra would reject them too, but with a multi-line report; this names the key and its options in one line.
+    Malformed overrides are left for Hydra to report.
+    """
+    candidates = [a for a in args if "=" in a and not a.startswith("-")]
+    try:
+        overrides = OverridesParser.create().parse_overrides(candidates)
+    except HydraException:
+        return
+    for override in overrides:
+        group = override.key_or_group
+        if override.package is not None or override.is_delete() or not (conf_dir / group).is_dir():
+            continue
+        allowed = group_options(conf_dir, group)
+        if override.is_sweep_override():
+            values = list(override.sweep_string_iterator())
+        else:
+            values = [override.get_value_element_as_str()]
+        for value in values:
+            if value not in allowed:
+                raise ConfigError(f"{group}={value!r} is not one of: {', '.join(allowed)}")
+
+
+def _choice(cfg: dict[str, Any], key: str, allowed: Sequence[str]) -> Any:
+    value = _get(cfg, key)
+    if value not in allowed:
+        raise ConfigError(f"{key}={value!r} is not one of: {', '.join(allowed)}")
+    return value
+
+
+def _get(cfg: dict[str, Any], key: str) -> Any:
+    node: Any = cfg
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise ConfigError(f"{key} is missing from the config")
+        node = node[part]
+    return node
+
+
+def _number(cfg: dict[str, Any], key: str, *, minimum: float, integer: bool = False) -> float:
+    value = _get(cfg, key)
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or value < minimum:
+        what = "an integer" if integer else "a number"
+        raise ConfigError(f"{key}={value!r} must be {what} >= {minimum}")
+    return value
+
+
+def resolve_config(cfg: DictConfig) -> dict[str, Any]:
+    """Resolve interpolations and check every value the orchestrator and the worker rely on."""
+    try:
+        container = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or "config"
+        raise ConfigError(f"{key}: {str(exc).splitlines()[0]}") from exc
+    assert isinstance(container, dict)
+    _choice(container, "host.kind", HOST_KINDS)
+    if not str(_get(container, "host.workdir")).startswith("/"):
+        raise ConfigError(f"host.workdir={_get(container, 'host.workdir')!r} must be an absolute path")
+    python = _get(container, "host.python")
+    if python is not None and not str(python).strip():
+        raise ConfigError("host.python must be null (this interpreter) or a path to a Python interpreter")
+    env = _get(container, "host.env")
+    if not isinstance(env, dict) or not all(str(k).isidentifier() for k in env):
+        raise ConfigError(f"host.env must map environment variable names to values, got {env!r}")
+    source = _choice(container, "model.source", MODEL_SOURCES)
+    if source == "pretrained" and not _get(container, "model.path"):
+        raise ConfigError("model.path must name a checkpoint directory when model.source='pretrained'")
+    _choice(container, "model.dtype", DTYPES)
+    _choice(container, "model.device", DEVICES)
+    _choice(container, "experiment.name", EXPERIMENT_NAMES)
+    kind = _choice(container, "tracking.kind", tuple(TRACKING_SCHEMES))
+    uri = str(_get(container, "tracking.uri"))
+    if not uri.startswith(TRACKING_SCHEMES[kind]):
+        schemes = " or ".join(f"{s}..." for s in TRACKING_SCHEMES[kind])
+        raise ConfigError(f"tracking.uri={uri!r} must start with {schemes} for tracking={kind}")
+    _number(container, "seed", minimum=0, integer=True)
+    prefill = _number(container, "probe.prefill_tokens", minimum=2, integer=True)
+    crop = _number(container, "probe.crop_tokens", minimum=1, integer=True)
+    if crop >= prefill:
+        raise ConfigError(f"probe.crop_tokens={crop} must be smaller than probe.prefill_tokens={prefill}")
+    _number(container, "decode.temperature", minimum=0)
+    _number(container, "decode.max_new_tokens", minimum=1, integer=True)
+    if _number(container, "orchestrator.poll_interval_s", minimum=0) == 0:
+        raise ConfigError("orchestrator.poll_interval_s must be > 0")
+    _number(container, "orchestrator.kill_grace_s", minimum=0)
+    return container
