@@ -1,0 +1,123 @@
+"""Shared fixtures: a real MLflow server on a free loopback port, and running the orchestrator as a user does."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class MlflowServer:
+    uri: str
+    process: subprocess.Popen
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    """`mlflow server` with an SQLite store and proxied artifacts, on 127.0.0.1 only; stopped after the session."""
+    root = tmp_path_factory.mktemp("mlflow-server")
+    port = free_port()
+    log = (root / "server.log").open("wb")
+    process = subprocess.Popen(
+        [
+            str(VENV_BIN / "mlflow"),
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+            "--backend-store-uri",
+            f"sqlite:///{root / 'mlflow.db'}",
+            "--artifacts-destination",
+            str(root / "artifacts"),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(f"{uri}/health", timeout=2) as response:
+                if response.status == 200:
+                    break
+        except OSError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            log.close()
+            process.kill()
+            pytest.fail(f"mlflow server did not start:\n{(root / 'server.log').read_text()[-3000:]}")
+        time.sleep(0.5)
+    yield MlflowServer(uri=uri, process=process)
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    log.close()
+
+
+@dataclass(frozen=True)
+class JobPaths:
+    workdir: Path
+    state_dir: Path
+
+    def overrides(self) -> list[str]:
+        return [f"host.workdir={self.workdir}", f"orchestrator.state_dir={self.state_dir}"]
+
+    def run_dirs(self) -> list[Path]:
+        runs = self.workdir / "runs"
+        return sorted(runs.iterdir()) if runs.exists() else []
+
+
+@pytest.fixture
+def job_paths(tmp_path: Path) -> JobPaths:
+    return JobPaths(workdir=tmp_path / "work", state_dir=tmp_path / "state")
+
+
+def start_orchestrator(args: Sequence[str], cwd: Path) -> subprocess.Popen:
+    """Start `python -m orchestrator ARGS` the way a user would, in `cwd` (where Hydra writes its outputs)."""
+    pythonpath = os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": pythonpath, "PYTHONUNBUFFERED": "1", "COLUMNS": "120"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", *args, f"hydra.run.dir={cwd / 'hydra'}"],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def run_orchestrator(args: Sequence[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+    process = start_orchestrator(args, cwd)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        stdout, stderr = process.communicate()
+        pytest.fail(f"orchestrator did not finish in {timeout}s\n{stdout}\n{stderr}")
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)

@@ -1,0 +1,93 @@
+"""Config validation: one clear line naming the key and the allowed values, exit 2, and no MLflow run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from orchestrator import CONF_DIR
+from orchestrator.validation import ConfigError, check_group_choices, resolve_config
+from remote_worker.experiments import EXPERIMENTS
+from remote_worker.spec import EXPERIMENT_NAMES
+from tests.conftest import run_orchestrator
+
+
+def composed(overrides: list[str]) -> dict:
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return resolve_config(compose(config_name="config", overrides=overrides))
+
+
+def test_default_config_is_valid() -> None:
+    config = composed([])
+    assert config["host"]["kind"] == "local"
+    assert config["model"]["name"] == "tiny_hybrid"
+    assert config["experiment"]["name"] == "probe"
+    assert config["tracking"]["uri"].startswith("sqlite:///")
+
+
+def test_unknown_group_choice_names_group_and_options() -> None:
+    with pytest.raises(ConfigError) as err:
+        check_group_choices(["model=tiny_hybird"], CONF_DIR)
+    assert str(err.value) == "model='tiny_hybird' is not one of: tiny_dense, tiny_hybrid"
+
+
+def test_unknown_choice_inside_a_sweep_is_rejected() -> None:
+    with pytest.raises(ConfigError, match="host='gpu9' is not one of: local"):
+        check_group_choices(["-m", "host=local,gpu9"], CONF_DIR)
+
+
+def test_valid_choices_and_plain_keys_pass() -> None:
+    check_group_choices(["model=tiny_dense,tiny_hybrid", "seed=3", "hydra/launcher=basic", "--cfg", "job"], CONF_DIR)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("model.dtype=float17", "model.dtype='float17' is not one of: float32, float64, bfloat16, float16"),
+        ("model.device=tpu", "model.device='tpu' is not one of: auto, cpu, cuda"),
+        ("model.source=pretrained", "model.path must name a checkpoint directory when model.source='pretrained'"),
+        ("tracking.uri=ftp://x", "tracking.uri='ftp://x' must start with sqlite:///... or file:... for tracking=local"),
+        ("seed=-1", "seed=-1 must be an integer >= 0"),
+        ("probe.crop_tokens=16", "probe.crop_tokens=16 must be smaller than probe.prefill_tokens=16"),
+        ("decode.max_new_tokens=0", "decode.max_new_tokens=0 must be an integer >= 1"),
+        ("host.workdir=relative/dir", "host.workdir='relative/dir' must be an absolute path"),
+        ("experiment.name=nope", "experiment.name='nope' is not one of: probe"),
+    ],
+)
+def test_bad_values_give_one_line_naming_the_key(override: str, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        composed([override])
+    assert str(err.value) == message
+    assert "\n" not in str(err.value)
+
+
+def test_missing_mandatory_value_is_named() -> None:
+    with pytest.raises(ConfigError, match=r"^model\.arch"):
+        composed(["model.arch=???"])
+
+
+def test_worker_and_orchestrator_agree_on_experiment_names() -> None:
+    assert set(EXPERIMENT_NAMES) == set(EXPERIMENTS)
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("model=tiny_hybird", "config error: model='tiny_hybird' is not one of: tiny_dense, tiny_hybrid"),
+        (
+            "model.dtype=float17",
+            "config error: model.dtype='float17' is not one of: float32, float64, bfloat16, float16",
+        ),
+    ],
+)
+def test_cli_rejects_bad_config_before_creating_anything(tmp_path: Path, override: str, expected: str) -> None:
+    store = tmp_path / "mlruns.db"
+    result = run_orchestrator(
+        [override, f"tracking.uri=sqlite:///{store}", f"host.workdir={tmp_path / 'work'}"], cwd=tmp_path, timeout=60
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [expected]
+    assert not store.exists(), "no MLflow store (and so no run) may be created for a bad config"
+    assert not (tmp_path / "work").exists(), "nothing may be created on the host for a bad config"
