@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,7 @@ def test_seq_is_gap_free_and_in_file_order(tmp_path: Path) -> None:
     assert [e.kind for e in events] == ["start", *["metrics"] * 5, "end"]
     assert [e.step for e in events[1:-1]] == list(range(5))
     assert events[2].scope == "ar" and events[1].scope is None
-    assert all(a.t <= b.t for a, b in zip(events, events[1:]))
+    assert all(a.t <= b.t for a, b in pairwise(events))
 
 
 def test_reopened_log_continues_seq(tmp_path: Path) -> None:
@@ -59,7 +60,7 @@ def test_any_chunking_reads_the_same_events(tmp_path_factory: pytest.TempPathFac
     raw = write_log(tmp_path_factory.mktemp("log"), 8)
     whole, _ = split_events(raw)
     offset, read = 0, []
-    for cut in sorted(c % (len(raw) + 1) for c in cuts) + [len(raw)]:
+    for cut in [*sorted(c % (len(raw) + 1) for c in cuts), len(raw)]:
         if cut <= offset:
             continue
         events, consumed = split_events(raw[offset:cut])
