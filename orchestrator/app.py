@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import posixpath
 import sys
 import tempfile
@@ -17,6 +18,7 @@ from rich.console import Console
 from orchestrator import PROJECT_ROOT
 from orchestrator.display import LiveProgress, summary_table
 from orchestrator.gitinfo import git_info
+from orchestrator.interrupt import CtrlC
 from orchestrator.launch import (
     STDERR_FILE,
     run_dir_for,
@@ -63,6 +65,7 @@ def make_transport(host: dict[str, Any]) -> Transport:
 def run_job(cfg: DictConfig) -> int:
     """Run one job and return its exit code (0 FINISHED, 1 FAILED, 130 KILLED, 2 bad config)."""
     console = Console()
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # the summary prints the URL
     try:
         config = resolve_config(cfg)
     except ConfigError as exc:
@@ -76,8 +79,8 @@ def run_job(cfg: DictConfig) -> int:
     state = StreamState(run_id=run_id, host=host["name"], run_dir=run_dir)
     sink = MlflowSink(client, experiment_id, state, StateStore(Path(config["orchestrator"]["state_dir"])), transport)
     console.print(f"[bold]run[/bold] {run_id} on [bold]{host['name']}[/bold] · {config['model']['name']}")
-    with LiveProgress(console) as live:
-        outcome = _launch_and_follow(config, transport, sink, live)
+    with LiveProgress(console) as live, CtrlC(console) as ctrl_c:
+        outcome = _launch_and_follow(config, transport, sink, live, ctrl_c)
     stderr_tail = _log_run_files(client, transport, run_id, run_dir)
     if outcome.error and sink.error is None:  # a worker traceback has already set both tags
         client.set_tag(run_id, "failure_stage", outcome.stage or "worker")
@@ -89,7 +92,9 @@ def run_job(cfg: DictConfig) -> int:
     return EXIT_CODES[outcome.status]
 
 
-def _launch_and_follow(config: dict[str, Any], transport: Transport, sink: MlflowSink, live: LiveProgress) -> Outcome:
+def _launch_and_follow(
+    config: dict[str, Any], transport: Transport, sink: MlflowSink, live: LiveProgress, ctrl_c: CtrlC
+) -> Outcome:
     host, run_dir = config["host"], sink.state.run_dir
     grace = float(config["orchestrator"]["kill_grace_s"])
     stage = "launch"
@@ -98,7 +103,8 @@ def _launch_and_follow(config: dict[str, Any], transport: Transport, sink: Mlflo
         start_worker(transport, run_dir, host["python"] or sys.executable, str(PROJECT_ROOT), host["env"])
         wait_for_start(transport, run_dir)
         stage = "stream"
-        gone = follow(transport, sink, live.show, float(config["orchestrator"]["poll_interval_s"]))
+        poll = float(config["orchestrator"]["poll_interval_s"])
+        gone = follow(transport, sink, live.show, poll, ctrl_c.check)
         if gone is not None:
             return Outcome("FAILED", f"{gone.describe()} before reporting an end event", "worker")
         assert sink.end is not None
@@ -106,6 +112,7 @@ def _launch_and_follow(config: dict[str, Any], transport: Transport, sink: Mlflo
             stop_worker(transport, run_dir, grace)
         return Outcome(str(sink.end.get("status", "FAILED")), sink.end.get("error"), "worker")
     except KeyboardInterrupt:
+        ctrl_c.stopping()
         live.note("[yellow]interrupted: stopping the worker[/yellow]")
         stop_worker(transport, run_dir, grace)
         drain(transport, sink, live.show)

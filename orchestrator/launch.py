@@ -99,6 +99,15 @@ def wait_for_start(transport: Transport, run_dir: str, timeout_s: float = 30.0) 
         time.sleep(0.05)
 
 
+def _wait_until_gone(transport: Transport, group: str, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while transport.run(["kill", "-0", group], check=False).exit_code == 0:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def stop_worker(transport: Transport, run_dir: str, grace_s: float) -> WorkerStatus:
     """SIGTERM the worker's process group, then SIGKILL it after `grace_s`; return the final status."""
     status = worker_status(transport, run_dir)
@@ -106,11 +115,7 @@ def stop_worker(transport: Transport, run_dir: str, grace_s: float) -> WorkerSta
         return status
     group = f"-{status.pid}"  # `kill -SIG -PGID` (no `--`: dash's builtin kill rejects it)
     transport.run(["kill", "-TERM", group], check=False)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if transport.run(["kill", "-0", group], check=False).exit_code != 0:
-            break
-        time.sleep(0.1)
-    else:
+    if not _wait_until_gone(transport, group, grace_s):
         transport.run(["kill", "-KILL", group], check=False)
+        _wait_until_gone(transport, group, 10.0)
     return worker_status(transport, run_dir)

@@ -29,10 +29,15 @@ def drain(transport: Transport, sink: MlflowSink, show: Callable[[Event], None])
 
 
 def follow(
-    transport: Transport, sink: MlflowSink, show: Callable[[Event], None], poll_interval_s: float
+    transport: Transport,
+    sink: MlflowSink,
+    show: Callable[[Event], None],
+    poll_interval_s: float,
+    check_interrupt: Callable[[], None],
 ) -> WorkerStatus | None:
     """Apply events until the worker's `end` event (returns None) or until it is gone (returns its status)."""
     while True:
+        check_interrupt()
         if drain(transport, sink, show) and sink.end is not None:
             return None
         status = worker_status(transport, sink.state.run_dir)

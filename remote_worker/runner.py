@@ -14,7 +14,7 @@ TRACEBACK_FILE = "traceback.txt"
 
 
 def run(spec_path: Path) -> int:
-    """Return the process exit code: 0 when the experiment finished, 1 when it failed or was stopped."""
+    """Return the process exit code: 0 finished, 1 failed, 128+N stopped by signal N."""
     run_dir = spec_path.resolve().parent
     log = EventLog(run_dir)
     log.emit("start", {"pid": os.getpid(), "spec": spec_path.name})
@@ -29,13 +29,19 @@ def run(spec_path: Path) -> int:
                 f"spec: experiment.name={spec.experiment_name!r} is not one of: {', '.join(sorted(EXPERIMENTS))}"
             )
         summary = experiment(spec, log)
-    except BaseException as exc:  # noqa: BLE001 - every failure, even KeyboardInterrupt, must reach the log
+    except (SystemExit, KeyboardInterrupt) as exc:
+        # Stopped from outside (the orchestrator's SIGTERM on Ctrl-C): not a bug, so no traceback.
+        code = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else 130
+        reason = f"signal {code - 128}" if code > 128 else type(exc).__name__
+        log.emit("end", {"status": "KILLED", "error": f"worker stopped by {reason}"})
+        log.close()
+        return code
+    except Exception as exc:  # noqa: BLE001 - every failure must reach the log as a traceback
         text = traceback.format_exc()
         (run_dir / TRACEBACK_FILE).write_text(text, encoding="utf-8")
         error_line = traceback.format_exception_only(type(exc), exc)[-1].strip()
         log.emit("traceback", {"path": TRACEBACK_FILE, "error": error_line})
-        status = "KILLED" if isinstance(exc, (SystemExit, KeyboardInterrupt)) else "FAILED"
-        log.emit("end", {"status": status, "error": error_line})
+        log.emit("end", {"status": "FAILED", "error": error_line})
         log.close()
         return 1
     log.emit("end", {"status": "FINISHED", "summary": summary})

@@ -1,0 +1,190 @@
+"""`python -m orchestrator` as a user runs it, against a real `mlflow server`, read back through MlflowClient."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from orchestrator.events import split_events
+from orchestrator.state import StateStore
+from orchestrator.tracking.sink import MlflowSink
+from orchestrator.transport import LocalTransport
+from tests.conftest import JobPaths, MlflowServer, run_orchestrator, start_orchestrator
+from tests.test_sink import snapshot
+
+pytestmark = pytest.mark.slow
+
+
+def server_args(server: MlflowServer, paths: JobPaths, *extra: str) -> list[str]:
+    return ["tracking=server", f"tracking.uri={server.uri}", *paths.overrides(), *extra]
+
+
+def only_run_dir(paths: JobPaths) -> Path:
+    run_dirs = paths.run_dirs()
+    assert len(run_dirs) == 1, run_dirs
+    return run_dirs[0]
+
+
+def worker_metrics(run_dir: Path) -> dict[str, list[tuple[int, int, float]]]:
+    """Every metric value the worker wrote, as (step, timestamp ms, value) per key."""
+    events, _ = split_events((run_dir / "events.jsonl").read_bytes())
+    written: dict[str, list] = defaultdict(list)
+    for event in events:
+        if event.kind == "metrics":
+            for key, value in event.data.items():
+                written[key].append((event.step or 0, event.timestamp_ms, float(value)))
+    return {k: sorted(v) for k, v in written.items()}
+
+
+def mlflow_metrics(client: MlflowClient, run_id: str) -> dict[str, list[tuple[int, int, float]]]:
+    run = client.get_run(run_id)
+    return {
+        key: sorted((m.step, m.timestamp, m.value) for m in client.get_metric_history(run_id, key))
+        for key in run.data.metrics
+    }
+
+
+def download_text(client: MlflowClient, run_id: str, path: str, tmp_path: Path) -> str:
+    return Path(client.download_artifacts(run_id, path, str(tmp_path))).read_text()
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_probe_run_is_tracked_completely(mlflow_server: MlflowServer, job_paths: JobPaths, tmp_path: Path) -> None:
+    result = run_orchestrator(server_args(mlflow_server, job_paths, "hydra.job.name=e2e"), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    run_dir = only_run_dir(job_paths)
+    run_id = run_dir.name
+    assert run_id in result.stdout and "FINISHED" in result.stdout
+    assert "native crop" in result.stdout
+
+    client = MlflowClient(tracking_uri=mlflow_server.uri)
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert client.get_experiment(run.info.experiment_id).name == "probe"
+    params, tags = run.data.params, run.data.tags
+    assert params["model.name"] == "tiny_hybrid" and params["host.name"] == "local"
+    assert params["probe.model.class"] == "Qwen3_5ForCausalLM"
+    assert params["probe.model.layer_type_counts"] == "full_attention=1, linear_attention=3"
+    assert params["probe.cache.reports_croppable"] == "False"
+    assert tags["host"] == "local" and tags["model"] == "tiny_hybrid"
+    assert tags["remote.torch"].startswith("2.13.0") and tags["remote.transformers"]
+    assert tags["remote.gpus"] == "none"
+    assert len(tags["git.commit"]) in (40, len("unknown")) and tags["mlflow.source.git.commit"] == tags["git.commit"]
+    assert "tracking=server" in tags["hydra.overrides"]
+    assert tags["worker.status"] == "FINISHED"
+
+    artifacts = {a.path for a in client.list_artifacts(run_id)}
+    assert {"config.yaml", "probe.json", "events.jsonl", "stderr.log"} <= artifacts
+    probe = json.loads(download_text(client, run_id, "probe.json", tmp_path))
+    assert probe == json.loads((run_dir / "probe.json").read_text())
+    assert probe["model"]["num_parameters"] == run.data.metrics["probe.model.num_parameters"]
+    config = yaml.safe_load(download_text(client, run_id, "config.yaml", tmp_path))
+    assert config["model"]["name"] == "tiny_hybrid" and config["tracking"]["uri"] == mlflow_server.uri
+
+    # Nothing lost, nothing duplicated: MLflow holds exactly what the worker wrote.
+    assert mlflow_metrics(client, run_id) == worker_metrics(run_dir)
+
+    # A new orchestrator process re-reading the same log (attach after a crash) changes nothing.
+    before = snapshot(client, [run_id])
+    states = StateStore(job_paths.state_dir)
+    state = states.load(run_id)
+    assert state is not None and state.offset == (run_dir / "events.jsonl").stat().st_size
+    sink = MlflowSink(client, run.info.experiment_id, state, states, LocalTransport())
+    raw = (run_dir / "events.jsonl").read_bytes()
+    assert sink.apply(*split_events(raw)) == []
+    assert snapshot(client, [run_id]) == before
+
+
+def test_worker_exception_gives_failed_run_with_traceback(
+    mlflow_server: MlflowServer, job_paths: JobPaths, tmp_path: Path
+) -> None:
+    missing = tmp_path / "no-such-model"
+    args = server_args(mlflow_server, job_paths, "model.source=pretrained", f"model.path={missing}")
+    result = run_orchestrator(args, cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    run_id = only_run_dir(job_paths).name
+    client = MlflowClient(tracking_uri=mlflow_server.uri)
+    run = client.get_run(run_id)
+    assert run.info.status == "FAILED"
+    assert run.data.tags["error"] == f"FileNotFoundError: model directory {missing} has no config.json (model.path)"
+    assert run.data.tags["failure_stage"] == "worker"
+    traceback_text = download_text(client, run_id, "traceback.txt", tmp_path)
+    assert traceback_text.startswith("Traceback") and "load_model" in traceback_text
+    assert "FileNotFoundError" in result.stdout
+
+
+def test_worker_killed_by_sigkill_gives_failed_run(
+    mlflow_server: MlflowServer, job_paths: JobPaths, tmp_path: Path
+) -> None:
+    process = start_orchestrator(server_args(mlflow_server, job_paths), cwd=tmp_path)
+    try:
+        pid_file = wait_for(lambda: next(iter(job_paths.workdir.glob("runs/*/pid")), None), 120, "the worker's pid")
+        supervisor = int(wait_for(lambda: pid_file.read_text().strip(), 10, "pid file content"))
+        worker = wait_for(lambda: children_of(supervisor), 10, "the worker process")[0]
+        os.kill(worker, signal.SIGKILL)
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 1, stdout + stderr
+    run_id = pid_file.parent.name
+    run = MlflowClient(tracking_uri=mlflow_server.uri).get_run(run_id)
+    assert run.info.status == "FAILED"
+    assert run.data.tags["error"] == "worker was killed by signal 9 (exit code 137) before reporting an end event"
+    assert run.data.tags["failure_stage"] == "worker"
+    assert "killed by signal 9" in stdout
+    assert wait_for(lambda: not group_alive(supervisor), 15, "the supervisor to be gone")
+
+
+def test_ctrl_c_stops_the_worker_and_ends_the_run_killed(
+    mlflow_server: MlflowServer, job_paths: JobPaths, tmp_path: Path
+) -> None:
+    process = start_orchestrator(server_args(mlflow_server, job_paths), cwd=tmp_path)
+    try:
+        pid_file = wait_for(lambda: next(iter(job_paths.workdir.glob("runs/*/pid")), None), 120, "the worker's pid")
+        supervisor = int(wait_for(lambda: pid_file.read_text().strip(), 10, "pid file content"))
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 130, stdout + stderr
+    assert wait_for(lambda: not group_alive(supervisor), 15, "the worker's process group to be gone")
+    run = MlflowClient(tracking_uri=mlflow_server.uri).get_run(pid_file.parent.name)
+    assert run.info.status == "KILLED"
+    assert run.data.tags["error"] == "interrupted by the user (Ctrl-C)"
