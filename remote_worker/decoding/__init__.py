@@ -1,0 +1,1 @@
+"""Decoding: tree building and the AR / DFlash / DDTree loops over the hybrid-aware cache."""
