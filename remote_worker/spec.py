@@ -19,6 +19,13 @@ class SpecError(ValueError):
 
 
 @dataclass(frozen=True)
+class DraftSpec:
+    source: str
+    config: dict[str, Any]
+    path: str | None
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     source: str
@@ -27,6 +34,7 @@ class ModelSpec:
     device: str
     config: dict[str, Any]
     path: str | None
+    draft: DraftSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +77,17 @@ def parse_spec(raw: dict[str, Any], run_dir: Path) -> Spec:
     path = model.get("path")
     if source == "pretrained" and not path:
         raise SpecError("spec: model.path is required when model.source='pretrained'")
+    draft = model.get("draft")
+    draft_spec = None
+    if draft:
+        if not isinstance(draft, dict):
+            raise SpecError("spec: model.draft must be a mapping")
+        draft_source = _choice(draft, "source", "model.draft.", MODEL_SOURCES)
+        if draft_source == "pretrained" and not draft.get("path"):
+            raise SpecError("spec: model.draft.path is required when model.draft.source='pretrained'")
+        draft_spec = DraftSpec(
+            source=draft_source, config=dict(draft.get("config") or {}), path=draft.get("path") or None
+        )
     model_spec = ModelSpec(
         name=_require(model, "name", "model.", str),
         source=source,
@@ -77,6 +96,7 @@ def parse_spec(raw: dict[str, Any], run_dir: Path) -> Spec:
         device=_choice(model, "device", "model.", DEVICES),
         config=dict(model.get("config") or {}),
         path=str(path) if path else None,
+        draft=draft_spec,
     )
     declared = Path(_require(raw, "run_dir", "", str))
     if declared.resolve() != run_dir.resolve():

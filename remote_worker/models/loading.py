@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 import transformers
 
+from remote_worker.models.dflash import DFlashDraft, build_draft, load_draft
 from remote_worker.spec import ModelSpec
 
 DTYPES = {
@@ -49,3 +50,18 @@ def load_model(spec: ModelSpec, seed: int) -> transformers.PreTrainedModel:
             raise FileNotFoundError(f"model directory {path} has no config.json (model.path)")
         model = cls.from_pretrained(path, dtype=dtype)
     return model.to(device).eval()
+
+
+def load_drafter(spec: ModelSpec, seed: int, target: transformers.PreTrainedModel) -> DFlashDraft:
+    """The model's DFlash drafter, on the target's device and in its dtype."""
+    if spec.draft is None:
+        raise ValueError(f"model {spec.name} has no draft (model.draft)")
+    parameter = next(target.parameters())
+    if spec.draft.source == "config":
+        draft = build_draft(spec.draft.config, seed, parameter.dtype, parameter.device)
+    else:
+        draft = load_draft(Path(spec.draft.path or ""), parameter.dtype, parameter.device)
+    hidden = target.get_input_embeddings().embedding_dim
+    if draft.config.hidden_size != hidden:
+        raise ValueError(f"draft hidden_size {draft.config.hidden_size} differs from the target's {hidden}")
+    return draft

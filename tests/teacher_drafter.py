@@ -1,0 +1,44 @@
+"""A test double for a trained drafter: it knows the AR continuation and ranks it high, often but not always.
+
+A random drafter is almost never right, so trees would rarely be accepted past the root; this one makes the
+decode loops commit long paths, take side branches and stop mid-tree, which is what exactness must survive.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class TeacherDrafter:
+    def __init__(self, sequence: list[int], vocab: int, block_size: int, seed: int, hit_rate: float = 0.7) -> None:
+        self.sequence = sequence  # prompt + AR continuation
+        self.vocab = vocab
+        self.block_size = block_size
+        self.seed = seed
+        self.hit_rate = hit_rate
+        self.mask_token_id = vocab - 1
+        self.feature_layers = (1,)  # asks for features only to learn the committed length
+        self.committed = 0
+
+    def reset(self) -> None:
+        self.committed = 0
+
+    def extend_context(self, features: torch.Tensor) -> None:
+        self.committed += features.shape[0]
+
+    def propose(self, root_embedding: torch.Tensor, mask_embedding: torch.Tensor, head: nn.Module) -> torch.Tensor:
+        """Like a trained drafter, peaked: three candidates per position hold most of the mass. With probability
+        `hit_rate` the right token is one of them, at rank 0 (a chain finds it) or rank 1-2 (only a tree does)."""
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.committed)
+        logits = torch.randn(self.block_size - 1, self.vocab, generator=generator, dtype=torch.float64)
+        for j in range(1, self.block_size):
+            candidates = torch.randperm(self.vocab - 1, generator=generator)[:3].tolist()
+            position = self.committed + j  # the root sits at position `committed`
+            if position < len(self.sequence) and torch.rand(1, generator=generator).item() < self.hit_rate:
+                truth = self.sequence[position]
+                candidates = [c for c in candidates if c != truth][:2]
+                candidates.insert(int(torch.randint(0, 3, (1,), generator=generator)), truth)
+            for rank, token in enumerate(candidates):
+                logits[j - 1, token] = 8.0 - 0.5 * rank
+        return torch.log_softmax(logits, dim=-1)
