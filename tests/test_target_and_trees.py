@@ -1,0 +1,95 @@
+"""The target's own forward through the hybrid-aware cache, tree verification and commit, and tree building."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from remote_worker.cache.tree import Tree
+from remote_worker.decoding.tree_build import best_first_tree, chain_tree
+from remote_worker.probes.hybrid_cache_check import check_hybrid_cache
+from tests.tiny_models import TINY_MODELS, random_prompt, tiny
+
+
+@pytest.mark.parametrize("name", TINY_MODELS)
+def test_forward_through_the_cache_matches_the_model(name: str) -> None:
+    """Prefill in chunks plus single steps gives the logits of the model's own forward over the sequence."""
+    target, _ = tiny(name, "float32")
+    tokens = random_prompt(7, 512).repeat(4)[:40]
+    with torch.no_grad():
+        reference = target.model(tokens[None]).logits[0].double()
+    cache = target.new_cache()
+    target.prefill(cache, tokens[:30], chunk=7)
+    steps = []
+    for token in tokens[30:]:
+        steps.append(target.verify(cache, Tree.chain(token[None])).logits[0].double())
+        cache.commit([0])
+    assert (torch.stack(steps) - reference[30:]).abs().max() < 1e-5
+    assert cache.length == 40
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("name", TINY_MODELS)
+def test_tree_verify_and_commit_equal_recomputation(name: str, dtype: str) -> None:
+    target, _ = tiny(name, dtype)
+    tolerance = 1e-9 if dtype == "float64" else 1e-5
+    for seed in range(3):
+        report = check_hybrid_cache(target, random_prompt(seed), tree_size=20, seed=seed)
+        assert report["tree_verify_max_abs_diff"] < tolerance, report
+        assert report["commit_logits_max_abs_diff"] < tolerance, report
+
+
+def test_commit_rejects_a_path_that_is_not_in_the_tree() -> None:
+    target, _ = tiny("tiny_hybrid")
+    cache = target.new_cache()
+    target.verify(cache, Tree.from_parents(torch.tensor([1, 2, 3]), [-1, 0, 0]))
+    with pytest.raises(ValueError, match="not a root path"):
+        cache.commit([0, 1, 2])
+    assert cache.length == 0
+
+
+def all_prefix_scores(log_probs: torch.Tensor, width: int) -> list[float]:
+    """Brute force: the score of every (rank at depth 1, ..., rank at depth d) choice, all depths."""
+    values = log_probs.double().topk(width, dim=-1).values
+    scores = []
+    for depth in range(1, log_probs.shape[0] + 1):
+        for ranks in itertools.product(range(width), repeat=depth):
+            scores.append(sum(values[d, r].item() for d, r in enumerate(ranks)))
+    return sorted(scores, reverse=True)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    depth=st.integers(1, 3),
+    vocab=st.integers(2, 5),
+    budget=st.integers(1, 40),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_best_first_tree_holds_the_highest_scoring_nodes(depth: int, vocab: int, budget: int, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    log_probs = torch.log_softmax(torch.randn(depth, vocab, generator=generator) * 3, dim=-1)
+    draft = best_first_tree(root=7, log_probs=log_probs, budget=budget)
+    tree = draft.tree
+    expected = all_prefix_scores(log_probs, min(budget, vocab))[:budget]
+    assert tree.size - 1 == len(expected)
+    assert sorted(draft.scores[1:], reverse=True) == pytest.approx(expected)
+    assert draft.scores[1:] == sorted(draft.scores[1:], reverse=True), "nodes come out in score order"
+    for node in range(1, tree.size):
+        parent = int(tree.parents[node])
+        assert parent < node, "topological order"
+        assert draft.children[parent][int(tree.tokens[node])] == node
+        expected_score = draft.scores[parent] + log_probs[int(tree.depths[node]) - 1, int(tree.tokens[node])].item()
+        assert math.isclose(draft.scores[node], expected_score, rel_tol=1e-9, abs_tol=1e-9)
+    assert int(tree.depths.max()) <= depth
+
+
+def test_chain_tree_takes_the_argmax_at_every_position() -> None:
+    log_probs = torch.log_softmax(torch.randn(5, 11, generator=torch.Generator().manual_seed(0)), dim=-1)
+    draft = chain_tree(root=3, log_probs=log_probs, length=5)
+    assert draft.tree.tokens.tolist() == [3, *log_probs.argmax(-1).tolist()]
+    assert draft.tree.parents.tolist() == [-1, 0, 1, 2, 3, 4]
