@@ -27,6 +27,7 @@ from orchestrator.launch import (
     wait_for_start,
     write_spec,
 )
+from orchestrator.plots import SUMMARY_FILE, plot_decode_summary
 from orchestrator.state import StateStore, StreamState
 from orchestrator.stream import drain, follow, wait_for_exit
 from orchestrator.tracking.runs import EXIT_CODES, connect, create_job_run, finish, run_url
@@ -82,6 +83,8 @@ def run_job(cfg: DictConfig) -> int:
     with LiveProgress(console) as live, CtrlC(console) as ctrl_c:
         outcome = _launch_and_follow(config, transport, sink, live, ctrl_c)
     stderr_tail = _log_run_files(client, transport, run_id, run_dir)
+    if outcome.status == "FINISHED":
+        _log_plots(client, transport, run_id, run_dir)
     if outcome.error and sink.error is None:  # a worker traceback has already set both tags
         client.set_tag(run_id, "failure_stage", outcome.stage or "worker")
         client.set_tag(run_id, "error", outcome.error)
@@ -133,6 +136,15 @@ def _log_run_files(client: MlflowClient, transport: Transport, run_id: str, run_
                 if name == STDERR_FILE:
                     tail = local.read_text(encoding="utf-8", errors="replace").splitlines()[-STDERR_TAIL_LINES:]
         return tail
+
+
+def _log_plots(client: MlflowClient, transport: Transport, run_id: str, run_dir: str) -> None:
+    """Plots of a decode sweep, when the worker wrote its summary."""
+    with tempfile.TemporaryDirectory() as tmp:
+        summary = Path(tmp) / SUMMARY_FILE
+        if transport.fetch(posixpath.join(run_dir, SUMMARY_FILE), summary):
+            for figure in plot_decode_summary(summary, Path(tmp)):
+                client.log_artifact(run_id, str(figure), artifact_path="plots")
 
 
 def _print_summary(

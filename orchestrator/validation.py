@@ -75,6 +75,10 @@ def _number(cfg: dict[str, Any], key: str, *, minimum: float, integer: bool = Fa
     return value
 
 
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
 def resolve_config(cfg: DictConfig) -> dict[str, Any]:
     """Resolve interpolations and check every value the orchestrator and the worker rely on."""
     try:
@@ -108,8 +112,16 @@ def resolve_config(cfg: DictConfig) -> dict[str, Any]:
     crop = _number(container, "probe.crop_tokens", minimum=1, integer=True)
     if crop >= prefill:
         raise ConfigError(f"probe.crop_tokens={crop} must be smaller than probe.prefill_tokens={prefill}")
+    _number(container, "probe.tree_size", minimum=1, integer=True)
     _number(container, "decode.temperature", minimum=0)
     _number(container, "decode.max_new_tokens", minimum=1, integer=True)
+    budgets = _get(container, "decode.tree_budgets")
+    if not isinstance(budgets, list) or not budgets or not all(_positive_int(b) for b in budgets):
+        raise ConfigError(f"decode.tree_budgets={budgets!r} must be a non-empty list of positive integers")
+    if _get(container, "decode.block_size") is not None:
+        _number(container, "decode.block_size", minimum=2, integer=True)
+    if container["experiment"].get("num_prompts") is not None:
+        _number(container, "experiment.num_prompts", minimum=1, integer=True)
     if _number(container, "orchestrator.poll_interval_s", minimum=0) == 0:
         raise ConfigError("orchestrator.poll_interval_s must be > 0")
     _number(container, "orchestrator.kill_grace_s", minimum=0)

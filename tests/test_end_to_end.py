@@ -34,11 +34,15 @@ def only_run_dir(paths: JobPaths) -> Path:
 
 
 def worker_metrics(run_dir: Path) -> dict[str, list[tuple[int, int, float]]]:
-    """Every metric value the worker wrote, as (step, timestamp ms, value) per key."""
+    """Every metric value the worker wrote for the job's own run, as (step, timestamp ms, value) per key."""
+    return worker_metrics_for(run_dir, None)
+
+
+def worker_metrics_for(run_dir: Path, scope: str | None) -> dict[str, list[tuple[int, int, float]]]:
     events, _ = split_events((run_dir / "events.jsonl").read_bytes())
     written: dict[str, list] = defaultdict(list)
     for event in events:
-        if event.kind == "metrics":
+        if event.kind == "metrics" and event.scope == scope:
             for key, value in event.data.items():
                 written[key].append((event.step or 0, event.timestamp_ms, float(value)))
     return {k: sorted(v) for k, v in written.items()}
@@ -87,7 +91,7 @@ def group_alive(pgid: int) -> bool:
 
 
 def test_probe_run_is_tracked_completely(mlflow_server: MlflowServer, job_paths: JobPaths, tmp_path: Path) -> None:
-    result = run_orchestrator(server_args(mlflow_server, job_paths, "hydra.job.name=e2e"), cwd=tmp_path)
+    result = run_orchestrator(server_args(mlflow_server, job_paths, "experiment=probe"), cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     run_dir = only_run_dir(job_paths)
     run_id = run_dir.name
@@ -108,6 +112,8 @@ def test_probe_run_is_tracked_completely(mlflow_server: MlflowServer, job_paths:
     assert tags["remote.gpus"] == "none"
     assert len(tags["git.commit"]) in (40, len("unknown")) and tags["mlflow.source.git.commit"] == tags["git.commit"]
     assert "tracking=server" in tags["hydra.overrides"]
+    assert run.data.metrics["probe.hybrid_cache.tree_verify_max_abs_diff"] < 1e-5
+    assert run.data.metrics["probe.hybrid_cache.commit_logits_max_abs_diff"] < 1e-5
     assert tags["worker.status"] == "FINISHED"
 
     artifacts = {a.path for a in client.list_artifacts(run_id)}
@@ -188,3 +194,51 @@ def test_ctrl_c_stops_the_worker_and_ends_the_run_killed(
     run = MlflowClient(tracking_uri=mlflow_server.uri).get_run(pid_file.parent.name)
     assert run.info.status == "KILLED"
     assert run.data.tags["error"] == "interrupted by the user (Ctrl-C)"
+
+
+def test_decode_sweep_lands_as_child_runs(mlflow_server: MlflowServer, job_paths: JobPaths, tmp_path: Path) -> None:
+    args = server_args(
+        mlflow_server,
+        job_paths,
+        "experiment=ddtree_gdn",
+        "experiment.num_prompts=2",
+        "decode.max_new_tokens=24",
+        "decode.tree_budgets=[4,32]",
+    )
+    result = run_orchestrator(args, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    run_dir = only_run_dir(job_paths)
+    run_id = run_dir.name
+    client = MlflowClient(tracking_uri=mlflow_server.uri)
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    children = client.search_runs([run.info.experiment_id], f"tags.mlflow.parentRunId = '{run_id}'")
+    by_name = {child.info.run_name: child for child in children}
+    assert set(by_name) == {"ar", "dflash", "ddtree_tb4", "ddtree_tb32"}
+    for name, child in by_name.items():
+        assert child.info.status == "FINISHED"
+        metrics = child.data.metrics
+        for key in (
+            "tau",
+            "tokens_per_s",
+            "speedup_vs_ar",
+            "lossless",
+            "ttft_ms",
+            "tpot_ms",
+            "draft_ms_per_round",
+            "tree_build_ms_per_round",
+            "verify_ms_per_round",
+            "commit_ms_per_round",
+        ):
+            assert key in metrics, (name, key)
+        assert metrics["lossless"] == 1.0, name
+        assert child.data.params["method"] == name.split("_")[0]
+        # nothing lost or duplicated: the per-round history is exactly what the worker wrote
+        assert mlflow_metrics(client, child.info.run_id) == worker_metrics_for(run_dir, name)
+    assert by_name["ar"].data.metrics["tau"] == 1.0
+    assert by_name["ddtree_tb32"].data.params["tree_budget"] == "32"
+    artifacts = {a.path for a in client.list_artifacts(run_id)}
+    assert {"decode_summary.json", "generations.jsonl", "plots"} <= artifacts
+    plots = {a.path for a in client.list_artifacts(run_id, "plots")}
+    assert plots == {"plots/tau_speedup_vs_budget.png", "plots/acceptance_length_hist.png"}
+    assert "lossless 1.00" in result.stdout

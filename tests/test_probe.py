@@ -26,7 +26,7 @@ def probe_spec(run_dir: Path, model: str, dtype: str = "float32") -> dict:
         "experiment": {"name": "probe"},
         "model": model_cfg,
         "decode": {},
-        "probe": {"prefill_tokens": 16, "crop_tokens": 4},
+        "probe": {"prefill_tokens": 16, "crop_tokens": 4, "tree_size": 12},
     }
 
 
@@ -70,6 +70,9 @@ def test_hybrid_model_cannot_be_rolled_back_by_crop(tmp_path: Path) -> None:
     for outcome in failed:
         assert ":" in outcome["result"], "the exact error (type: message) is reported"
     assert summary["native crop"] == cache["native_crop"]["result"]
+    # ...while the hybrid-aware cache verifies a tree and commits a path exactly.
+    assert report["hybrid_cache"]["tree_verify_max_abs_diff"] < 1e-5
+    assert report["hybrid_cache"]["commit_logits_max_abs_diff"] < 1e-5
 
 
 def test_probe_answers_reach_the_event_log(tmp_path: Path) -> None:
@@ -82,7 +85,7 @@ def test_probe_answers_reach_the_event_log(tmp_path: Path) -> None:
     assert metrics["probe.model.num_parameters"] == report["model"]["num_parameters"]
     assert [e.data["path"] for e in events if e.kind == "artifact"] == [PROBE_FILE]
     progress = [e.data["completed"] for e in events if e.kind == "progress"]
-    assert progress == sorted(progress) and progress[-1] == 4
+    assert progress == sorted(progress) and progress[-1] == 5
 
 
 @pytest.mark.parametrize("crop", [0, 16])

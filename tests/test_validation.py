@@ -13,6 +13,8 @@ from remote_worker.experiments import EXPERIMENTS
 from remote_worker.spec import EXPERIMENT_NAMES
 from tests.conftest import run_orchestrator
 
+MODELS = ", ".join(sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml")))
+
 
 def composed(overrides: list[str]) -> dict:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -23,14 +25,14 @@ def test_default_config_is_valid() -> None:
     config = composed([])
     assert config["host"]["kind"] == "local"
     assert config["model"]["name"] == "tiny_hybrid"
-    assert config["experiment"]["name"] == "probe"
+    assert config["experiment"]["name"] == "ddtree_gdn"
     assert config["tracking"]["uri"].startswith("sqlite:///")
 
 
 def test_unknown_group_choice_names_group_and_options() -> None:
     with pytest.raises(ConfigError) as err:
         check_group_choices(["model=tiny_hybird"], CONF_DIR)
-    assert str(err.value) == "model='tiny_hybird' is not one of: tiny_dense, tiny_hybrid"
+    assert str(err.value) == f"model='tiny_hybird' is not one of: {MODELS}"
 
 
 def test_unknown_choice_inside_a_sweep_is_rejected() -> None:
@@ -53,7 +55,9 @@ def test_valid_choices_and_plain_keys_pass() -> None:
         ("probe.crop_tokens=16", "probe.crop_tokens=16 must be smaller than probe.prefill_tokens=16"),
         ("decode.max_new_tokens=0", "decode.max_new_tokens=0 must be an integer >= 1"),
         ("host.workdir=relative/dir", "host.workdir='relative/dir' must be an absolute path"),
-        ("experiment.name=nope", "experiment.name='nope' is not one of: probe"),
+        ("experiment.name=nope", "experiment.name='nope' is not one of: ddtree_gdn, probe"),
+        ("decode.tree_budgets=[16,0]", "decode.tree_budgets=[16, 0] must be a non-empty list of positive integers"),
+        ("decode.block_size=1", "decode.block_size=1 must be an integer >= 2"),
     ],
 )
 def test_bad_values_give_one_line_naming_the_key(override: str, message: str) -> None:
@@ -75,7 +79,7 @@ def test_worker_and_orchestrator_agree_on_experiment_names() -> None:
 @pytest.mark.parametrize(
     ("override", "expected"),
     [
-        ("model=tiny_hybird", "config error: model='tiny_hybird' is not one of: tiny_dense, tiny_hybrid"),
+        ("model=tiny_hybird", f"config error: model='tiny_hybird' is not one of: {MODELS}"),
         (
             "model.dtype=float17",
             "config error: model.dtype='float17' is not one of: float32, float64, bfloat16, float16",

@@ -32,6 +32,7 @@ class DecodeResult:
     acceptance_lengths: list[int]  # drafted tokens accepted per round (bonus excluded)
     stage_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     prefill_seconds: float = 0.0
+    first_token_seconds: float = 0.0  # from the start of the call until the first token was known
     total_seconds: float = 0.0
     tree_sizes: list[int] = field(default_factory=list)
 
@@ -139,6 +140,8 @@ def decode(
         result.tree_sizes.append(draft.tree.size)
         result.acceptance_lengths.append(len(path) - 1)
         emitted = [int(draft.tree.tokens[i]) for i in path[1:]] + [targets[path[-1]]]
+        if not result.tokens:
+            result.first_token_seconds = time.perf_counter() - started
         done = False
         for token in emitted:
             result.tokens.append(token)

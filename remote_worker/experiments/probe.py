@@ -9,8 +9,10 @@ import torch
 
 from remote_worker.events import EventLog
 from remote_worker.models.loading import load_model
+from remote_worker.models.target import TargetModel
 from remote_worker.probes.cache_behaviour import probe_cache
 from remote_worker.probes.environment import probe_environment
+from remote_worker.probes.hybrid_cache_check import check_hybrid_cache
 from remote_worker.probes.model_structure import probe_model
 from remote_worker.spec import Spec
 
@@ -50,11 +52,14 @@ def summarize(report: dict[str, Any]) -> dict[str, str]:
     for name in ("native_crop", "recording_crop"):
         if "logits_max_abs_diff" in cache.get(name, {}):
             summary[f"{name.replace('_', ' ')}: max |Δ logits|"] = f"{cache[name]['logits_max_abs_diff']:.3g}"
+    hybrid = report["hybrid_cache"]
+    summary["hybrid cache: tree verify max |Δ|"] = f"{hybrid['tree_verify_max_abs_diff']:.3g}"
+    summary["hybrid cache: commit max |Δ logits|"] = f"{hybrid['commit_logits_max_abs_diff']:.3g}"
     return summary
 
 
 def run_probe(spec: Spec, log: EventLog) -> dict[str, str]:
-    steps = 4
+    steps = 5
     prefill = int(spec.probe.get("prefill_tokens", 16))
     crop = int(spec.probe.get("crop_tokens", 4))
 
@@ -75,7 +80,11 @@ def run_probe(spec: Spec, log: EventLog) -> dict[str, str]:
     log.progress("probe", 3, steps, "cache behaviour")
     report["cache"] = probe_cache(model, input_ids, crop)
 
-    for section in ("model", "cache"):
+    log.progress("probe", 4, steps, "hybrid-aware cache")
+    tree_size = int(spec.probe.get("tree_size", 16))
+    report["hybrid_cache"] = check_hybrid_cache(TargetModel(model), input_ids[0], tree_size, spec.seed)
+
+    for section in ("model", "cache", "hybrid_cache"):
         params, metrics = split_answers(report[section], f"probe.{section}")
         log.emit("params", params)
         log.emit("metrics", metrics, step=0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 import transformers
@@ -65,3 +66,22 @@ def load_drafter(spec: ModelSpec, seed: int, target: transformers.PreTrainedMode
     if draft.config.hidden_size != hidden:
         raise ValueError(f"draft hidden_size {draft.config.hidden_size} differs from the target's {hidden}")
     return draft
+
+
+def load_tokenizer(spec: ModelSpec) -> Any | None:
+    """The checkpoint's tokenizer; None for models built from a config (their prompts are bytes)."""
+    if spec.source != "pretrained":
+        return None
+    return transformers.AutoTokenizer.from_pretrained(spec.path)
+
+
+def stop_token_ids(model: transformers.PreTrainedModel, tokenizer: Any | None) -> frozenset[int]:
+    """End-of-sequence ids from the generation config and the tokenizer (none for tiny models)."""
+    ids: set[int] = set()
+    generation = getattr(model, "generation_config", None)
+    for value in (getattr(generation, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    return frozenset(ids) if tokenizer is not None else frozenset()
