@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from pathlib import Path
 
-
-def _terminate(signum: int, _frame: object) -> None:
-    """Turn SIGTERM into an exception so the run still writes its traceback and `end` event."""
-    raise SystemExit(128 + signum)
+from remote_worker import stop_signal
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,7 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.spec.is_file():
         parser.error(f"spec file {args.spec} does not exist")
-    signal.signal(signal.SIGTERM, _terminate)
+    stop_signal.install()
     from remote_worker.runner import run
 
     return run(args.spec)

@@ -6,6 +6,7 @@ import os
 import traceback
 from pathlib import Path
 
+from remote_worker import stop_signal
 from remote_worker.events import EventLog
 from remote_worker.probes.environment import environment_tags, probe_environment
 from remote_worker.spec import SpecError, load_spec
@@ -29,21 +30,25 @@ def run(spec_path: Path) -> int:
                 f"spec: experiment.name={spec.experiment_name!r} is not one of: {', '.join(sorted(EXPERIMENTS))}"
             )
         summary = experiment(spec, log)
-    except (SystemExit, KeyboardInterrupt) as exc:
+    except BaseException as exc:  # noqa: BLE001 - a stop or a failure, the log must say which
+        signum = stop_signal.requested()
+        if signum is None and not isinstance(exc, (SystemExit, KeyboardInterrupt)):
+            return _failed(log, run_dir, exc)
         # Stopped from outside (the orchestrator's SIGTERM on Ctrl-C): not a bug, so no traceback.
-        code = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else 130
-        reason = f"signal {code - 128}" if code > 128 else type(exc).__name__
+        reason = f"signal {signum}" if signum is not None else type(exc).__name__
         log.emit("end", {"status": "KILLED", "error": f"worker stopped by {reason}"})
         log.close()
-        return code
-    except Exception as exc:  # noqa: BLE001 - every failure must reach the log as a traceback
-        text = traceback.format_exc()
-        (run_dir / TRACEBACK_FILE).write_text(text, encoding="utf-8")
-        error_line = traceback.format_exception_only(type(exc), exc)[-1].strip()
-        log.emit("traceback", {"path": TRACEBACK_FILE, "error": error_line})
-        log.emit("end", {"status": "FAILED", "error": error_line})
-        log.close()
-        return 1
+        return 128 + signum if signum is not None else 130
     log.emit("end", {"status": "FINISHED", "summary": summary})
     log.close()
     return 0
+
+
+def _failed(log: EventLog, run_dir: Path, exc: BaseException) -> int:
+    text = "".join(traceback.format_exception(exc))
+    (run_dir / TRACEBACK_FILE).write_text(text, encoding="utf-8")
+    error_line = traceback.format_exception_only(type(exc), exc)[-1].strip()
+    log.emit("traceback", {"path": TRACEBACK_FILE, "error": error_line})
+    log.emit("end", {"status": "FAILED", "error": error_line})
+    log.close()
+    return 1

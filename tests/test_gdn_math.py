@@ -50,7 +50,7 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtyp
 @given(tree=trees(), seed=st.integers(0, 2**31 - 1), dtype=st.sampled_from([torch.float64, torch.float32]))
 def test_tree_outputs_equal_the_recurrence_along_each_path(tree: Tree, seed: int, dtype: torch.dtype) -> None:
     q, k, v, g, beta, state = random_inputs(tree.size, dtype, seed)
-    result = tree_delta_rule(q, k, v, g, beta, state, tree.parents, tree.ancestor_mask())
+    result = tree_delta_rule(q, k, v, g, beta, state, tree.ancestor_mask())
     for node in range(tree.size):
         path = tree.path_to(node)
         ref_out, _ = recurrent_reference(q[:, path], k[:, path], v[:, path], g[:, path], beta[:, path], state)
@@ -61,7 +61,7 @@ def test_tree_outputs_equal_the_recurrence_along_each_path(tree: Tree, seed: int
 @given(tree=trees(), seed=st.integers(0, 2**31 - 1), dtype=st.sampled_from([torch.float64, torch.float32]))
 def test_commit_equals_the_recurrence_state(tree: Tree, seed: int, dtype: torch.dtype) -> None:
     q, k, v, g, beta, state = random_inputs(tree.size, dtype, seed)
-    result = tree_delta_rule(q, k, v, g, beta, state, tree.parents, tree.ancestor_mask())
+    result = tree_delta_rule(q, k, v, g, beta, state, tree.ancestor_mask())
     last = seed % tree.size
     path = tree.path_to(last)
     _, ref_state = recurrent_reference(q[:, path], k[:, path], v[:, path], g[:, path], beta[:, path], state)
@@ -101,7 +101,7 @@ def test_conv_gather_equals_the_conv_along_each_path(tree: Tree, seed: int, kern
 def test_chain_is_the_plain_recurrence() -> None:
     q, k, v, g, beta, state = random_inputs(40, torch.float64, seed=7)
     tree = Tree.chain(torch.zeros(40, dtype=torch.long))
-    result = tree_delta_rule(q, k, v, g, beta, state, tree.parents, tree.ancestor_mask())
+    result = tree_delta_rule(q, k, v, g, beta, state, tree.ancestor_mask())
     ref_out, ref_state = recurrent_reference(q, k, v, g, beta, state)
     assert_close(result.out, ref_out, torch.float64)
     assert_close(commit_state(state, k, result, list(range(40))), ref_state, torch.float64)
@@ -111,7 +111,7 @@ def test_a_flat_sequence_through_a_tree_is_wrong() -> None:
     """Why the tree form is needed: treating siblings as a sequence gives the second sibling a false history."""
     q, k, v, g, beta, state = random_inputs(3, torch.float64, seed=3)
     tree = Tree.from_parents(torch.zeros(3, dtype=torch.long), [-1, 0, 0])
-    exact = tree_delta_rule(q, k, v, g, beta, state, tree.parents, tree.ancestor_mask()).out
+    exact = tree_delta_rule(q, k, v, g, beta, state, tree.ancestor_mask()).out
     flat, _ = recurrent_reference(q, k, v, g, beta, state)
     assert (exact[:, 2] - flat[:, 2]).abs().max() > 1e-3
     assert torch.allclose(exact[:, :2], flat[:, :2])

@@ -39,15 +39,11 @@ def tree_delta_rule(
     g: torch.Tensor,
     beta: torch.Tensor,
     state: torch.Tensor,
-    parents: torch.Tensor,
     mask: torch.Tensor,
 ) -> TreeDeltaResult:
     """All nodes of a tree at once. q, k: [H, n, d_k] (already normalised, q scaled); v: [H, n, d_v];
-    g, beta: [H, n]; state: [H, d_k, d_v]; parents: [n] (-1 for the root); mask: [n, n] ancestor-or-self."""
-    c = torch.empty_like(g)
-    c[:, 0] = g[:, 0]
-    for i in range(1, g.shape[1]):  # topological order: a parent's sum is ready before its children's
-        c[:, i] = c[:, int(parents[i])] + g[:, i]
+    g, beta: [H, n]; state: [H, d_k, d_v]; mask: [n, n] ancestor-or-self (nodes in topological order)."""
+    c = g @ mask.to(g.dtype).t()  # c_i = Σ_{j ancestor-or-self of i} g_j
     decay = _masked_decay(c, mask)
     strict = mask & ~torch.eye(mask.shape[0], dtype=torch.bool, device=mask.device)
     lower = (beta[:, :, None] * (k @ k.transpose(1, 2))) * decay * strict

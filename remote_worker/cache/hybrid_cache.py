@@ -184,7 +184,7 @@ class GDNLayerCache:
         value = value.reshape(n, module.num_v_heads, -1).to(cd).transpose(0, 1)
         beta = b.to(cd).sigmoid().t()
         g = (-module.A_log.to(cd).exp() * F.softplus(a.to(cd) + module.dt_bias.to(cd))).t()
-        result = tree_delta_rule(query, key, value, g, beta, self.recurrent, ctx.tree.parents, ctx.mask)
+        result = tree_delta_rule(query, key, value, g, beta, self.recurrent, ctx.mask)
         self._pending = _GDNPending(inputs=inputs, keys=key, result=result)
         out = result.out.transpose(0, 1).to(x.dtype)  # [n, v_heads, d_v]
         out = module.norm(out.reshape(-1, module.head_v_dim), z.reshape(-1, module.head_v_dim))

@@ -1,0 +1,80 @@
+"""`python -m remote_worker run SPEC.json` as a process: a bad spec fails cleanly, SIGTERM stops it cleanly."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.events import split_events
+from tests.conftest import PROJECT_ROOT
+
+
+def start_worker(run_dir: Path, spec: dict) -> subprocess.Popen:
+    (run_dir / "spec.json").write_text(json.dumps(spec))
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "remote_worker", "run", str(run_dir / "spec.json")],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
+def events(run_dir: Path) -> list:
+    return split_events((run_dir / "events.jsonl").read_bytes())[0]
+
+
+def decode_spec(run_dir: Path) -> dict:
+    from omegaconf import OmegaConf
+
+    from orchestrator import CONF_DIR
+
+    model = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / "tiny_hybrid.yaml"))
+    return {
+        "run_id": "t",
+        "run_dir": str(run_dir),
+        "seed": 0,
+        "experiment": {"name": "ddtree_gdn", "num_prompts": 2},
+        "model": model,
+        "decode": {"max_new_tokens": 200, "tree_budgets": [64]},
+    }
+
+
+def test_a_bad_spec_is_an_ordinary_failed_run(tmp_path: Path) -> None:
+    spec = decode_spec(tmp_path)
+    spec["model"]["dtype"] = "float17"
+    process = start_worker(tmp_path, spec)
+    assert process.wait(timeout=120) == 1
+    log = events(tmp_path)
+    assert [e.seq for e in log] == list(range(len(log)))
+    assert [e.kind for e in log] == ["start", "traceback", "end"]
+    assert log[-1].data == {
+        "status": "FAILED",
+        "error": "remote_worker.spec.SpecError: spec: model.dtype='float17' is not one of: "
+        "float32, float64, bfloat16, float16",
+    }
+    assert (tmp_path / "traceback.txt").read_text().startswith("Traceback")
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.3, 1.0, 2.5])
+def test_sigterm_at_any_moment_ends_the_run_killed(tmp_path: Path, delay: float) -> None:
+    """SIGTERM may land in an import, in model building or mid-decode: the end is KILLED, never a traceback."""
+    process = start_worker(tmp_path, decode_spec(tmp_path))
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "events.jsonl").exists() or not events(tmp_path):
+        assert time.monotonic() < deadline and process.poll() is None
+        time.sleep(0.01)
+    time.sleep(delay)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 128 + signal.SIGTERM, process.stderr.read().decode()[-2000:]
+    log = events(tmp_path)
+    assert [e.seq for e in log] == list(range(len(log)))
+    assert log[-1].kind == "end" and log[-1].data == {"status": "KILLED", "error": "worker stopped by signal 15"}
+    assert not any(e.kind == "traceback" for e in log)
