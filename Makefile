@@ -6,7 +6,10 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: run test lint ui lock clean
+COMPAT_VENV := .venv-compat
+COMPAT_STAMP := $(COMPAT_VENV)/.installed
+
+.PHONY: run test test-compat bench lint ui lock clean
 
 $(STAMP): requirements/worker.txt requirements/local.txt requirements/dev.txt requirements/lock.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,6 +23,20 @@ run: $(STAMP)
 ## test: the whole test suite
 test: $(STAMP)
 	$(PY) -m pytest $(ARGS)
+
+## test-compat: the worker's tests under the oldest supported transformers (5.6.x), in .venv-compat
+$(COMPAT_STAMP): requirements/worker-compat.txt requirements/worker-compat.lock
+	@test -x $(COMPAT_VENV)/bin/python || $(PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/python -m pip install --quiet --disable-pip-version-check \
+		-r requirements/worker-compat.txt -c requirements/worker-compat.lock
+	@touch $(COMPAT_STAMP)
+
+test-compat: $(COMPAT_STAMP)
+	$(COMPAT_VENV)/bin/python -m pytest -m worker -p no:cacheprovider $(ARGS)
+
+## bench: the worker's benchmark (JSON and a Markdown table in bench/results/)
+bench: $(STAMP)
+	$(PY) -m bench.run $(ARGS)
 
 ## lint: ruff over the whole tree
 lint: $(STAMP)

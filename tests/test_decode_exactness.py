@@ -8,6 +8,8 @@ from remote_worker.decoding.loop import decode
 from tests.teacher_drafter import TeacherDrafter
 from tests.tiny_models import TINY_MODELS, random_prompt, tiny
 
+pytestmark = pytest.mark.worker  # also run under the oldest supported transformers (make test-compat)
+
 SEEDS = range(20)
 BUDGETS = (1, 4, 16, 64, 256)
 NEW_TOKENS = 24

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
@@ -16,6 +17,8 @@ from remote_worker.cache.gdn_math import (
     tree_delta_rule,
 )
 from remote_worker.cache.tree import Tree
+
+pytestmark = pytest.mark.worker  # also run under the oldest supported transformers (make test-compat)
 
 
 @st.composite
@@ -89,12 +92,12 @@ def test_conv_gather_equals_the_conv_along_each_path(tree: Tree, seed: int, kern
     history = torch.randn(kernel - 1, channels, generator=gen, dtype=torch.float64).to(dtype)
     weight = torch.randn(channels, kernel, generator=gen, dtype=torch.float64).to(dtype)
     windows = conv_windows(tree.parents, kernel)
-    out = tree_conv(inputs, history, weight, None, windows)
+    out, extended = tree_conv(inputs, history, weight, None, windows)
     for node in range(tree.size):
         path = tree.path_to(node)
         sequence = torch.cat([history, inputs[path]])
         assert_close(out[node], sequential_conv(sequence, weight)[-1], dtype)
-        committed = commit_conv_state(inputs, history, windows, node)
+        committed = commit_conv_state(extended, windows, node)
         assert torch.equal(committed, sequence[len(sequence) - (kernel - 1) :])
 
 

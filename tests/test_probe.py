@@ -14,6 +14,8 @@ from remote_worker.events import EVENTS_FILE, EventLog
 from remote_worker.experiments.probe import PROBE_FILE, run_probe
 from remote_worker.spec import parse_spec
 
+pytestmark = pytest.mark.worker  # also run under the oldest supported transformers (make test-compat)
+
 
 def probe_spec(run_dir: Path, model: str, dtype: str = "float32") -> dict:
     model_cfg = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / f"{model}.yaml"))
@@ -48,7 +50,7 @@ def test_dense_model_crops_exactly(tmp_path: Path) -> None:
     assert model["embedding_module"] == "model.embed_tokens" and model["head_module"] == "lm_head"
     assert model["hidden_states_per_layer_plus_embeddings"] is True and model["hidden_states_count"] == 5
     assert cache["prebuilt_from_config"] == "ok"
-    assert cache["reports_croppable"] is True
+    assert cache["reports_croppable"] in (True, "not reported")  # releases before is_croppable say nothing
     assert cache["native_crop"]["result"] == "ok"
     assert cache["native_crop"]["seq_length_after_crop"] == 12
     assert cache["native_crop"]["logits_max_abs_diff"] < 1e-10
@@ -61,7 +63,7 @@ def test_hybrid_model_cannot_be_rolled_back_by_crop(tmp_path: Path) -> None:
     assert model["class"] == "Qwen3_5ForCausalLM"
     assert model["layer_type_counts"] == {"full_attention": 1, "linear_attention": 3}
     assert model["hidden_states_per_layer_plus_embeddings"] is True
-    assert cache["reports_croppable"] is False
+    assert cache["reports_croppable"] in (False, "not reported")
     # Either the release refuses to crop (and says why) or the crop leaves the recurrent state behind.
     outcomes = [cache["native_crop"]] + ([cache["recording_crop"]] if "recording_crop" in cache else [])
     failed = [o for o in outcomes if o["result"] != "ok"]

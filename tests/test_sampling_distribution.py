@@ -21,6 +21,8 @@ from remote_worker.models.loading import load_model
 from remote_worker.models.target import TargetModel
 from tests.tiny_models import model_spec
 
+pytestmark = pytest.mark.worker  # also run under the oldest supported transformers (make test-compat)
+
 VOCAB = 8
 TEMPERATURE = 1.0
 SAMPLES = 2000

@@ -15,6 +15,8 @@ from remote_worker.decoding.tree_build import best_first_tree, chain_tree
 from remote_worker.probes.hybrid_cache_check import check_hybrid_cache
 from tests.tiny_models import TINY_MODELS, random_prompt, tiny
 
+pytestmark = pytest.mark.worker  # also run under the oldest supported transformers (make test-compat)
+
 
 @pytest.mark.parametrize("name", TINY_MODELS)
 def test_forward_through_the_cache_matches_the_model(name: str) -> None:

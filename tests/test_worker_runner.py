@@ -15,6 +15,8 @@ import pytest
 from orchestrator.events import split_events
 from tests.conftest import PROJECT_ROOT
 
+pytestmark = pytest.mark.worker  # also run under the oldest supported transformers (make test-compat)
+
 
 def start_worker(run_dir: Path, spec: dict) -> subprocess.Popen:
     (run_dir / "spec.json").write_text(json.dumps(spec))

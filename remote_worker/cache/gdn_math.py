@@ -54,13 +54,15 @@ def tree_delta_rule(
     return TreeDeltaResult(out=out, u=u, c=c)
 
 
-def commit_state(state: torch.Tensor, k: torch.Tensor, result: TreeDeltaResult, path: list[int]) -> torch.Tensor:
+def commit_state(
+    state: torch.Tensor, k: torch.Tensor, result: TreeDeltaResult, path: list[int] | torch.Tensor
+) -> torch.Tensor:
     """The state after the accepted path (root first): exp(c_m) S + Σ_j exp(c_m - c_j) k_j u_jᵀ, no re-run."""
     index = torch.as_tensor(path, device=k.device)
-    c_path = result.c[:, index]
-    weights = (c_path[:, -1:] - c_path).exp()  # [H, len(path)]
-    k_path = k[:, index] * weights[:, :, None]
-    return c_path[:, -1].exp()[:, None, None] * state + k_path.transpose(1, 2) @ result.u[:, index]
+    c_path = result.c[:, index]  # [H, len(path)]
+    weighted_keys = k[:, index] * (c_path[:, -1:] - c_path).exp()[:, :, None]
+    decayed = state * c_path[:, -1].exp()[:, None, None]
+    return torch.baddbmm(decayed, weighted_keys.transpose(1, 2), result.u[:, index])
 
 
 def recurrent_reference(
@@ -101,18 +103,18 @@ def tree_conv(
     weight: torch.Tensor,
     bias: torch.Tensor | None,
     windows: torch.Tensor,
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Depthwise causal conv + SiLU where each node sees its own ancestors: inputs [n, C], conv_state
-    [kernel-1, C] (oldest first), weight [C, kernel]; returns [n, C]."""
+    [kernel-1, C] (oldest first), weight [C, kernel]. Returns the outputs [n, C] and the extended inputs
+    [kernel-1+n, C] that `commit_conv_state` gathers from."""
     extended = torch.cat([conv_state, inputs], dim=0)
     gathered = extended[windows.to(inputs.device)]  # [n, kernel, C]
     out = (gathered * weight.t()[None]).sum(1)
     if bias is not None:
         out = out + bias
-    return F.silu(out)
+    return F.silu(out), extended
 
 
-def commit_conv_state(inputs: torch.Tensor, conv_state: torch.Tensor, windows: torch.Tensor, last: int) -> torch.Tensor:
+def commit_conv_state(extended: torch.Tensor, windows: torch.Tensor, last: int) -> torch.Tensor:
     """The last kernel-1 inputs along the accepted path ending at node `last`."""
-    extended = torch.cat([conv_state, inputs], dim=0)
-    return extended[windows[last, 1:].to(inputs.device)]
+    return extended[windows[last, 1:].to(extended.device)]

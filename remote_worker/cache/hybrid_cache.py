@@ -124,17 +124,17 @@ class AttentionLayerCache:
             out = out * torch.sigmoid(gate)
         return module.o_proj(out)
 
-    def commit(self, ctx: TreeContext, path: list[int]) -> None:
+    def commit(self, ctx: TreeContext, path: list[int], index: torch.Tensor) -> None:
         assert self.keys is not None and self.values is not None
         start = ctx.committed
-        rows = torch.as_tensor(path, device=self.keys.device) + start
+        rows = index + start
         self.keys[:, start : start + len(path)] = self.keys[:, rows]
         self.values[:, start : start + len(path)] = self.values[:, rows]
 
 
 @dataclass
 class _GDNPending:
-    inputs: torch.Tensor  # [n, conv_dim] pre-conv inputs
+    extended: torch.Tensor  # [kernel-1+n, conv_dim] the conv state followed by the tree's pre-conv inputs
     keys: torch.Tensor  # [heads, n, d_k] normalised keys, compute dtype
     result: TreeDeltaResult
 
@@ -173,7 +173,7 @@ class GDNLayerCache:
             self.conv = inputs.new_zeros(kernel - 1, inputs.shape[1])
             self.recurrent = x.new_zeros(module.num_v_heads, module.head_k_dim, module.head_v_dim, dtype=cd)
         windows = ctx.conv_windows(kernel)
-        mixed = tree_conv(inputs, self.conv, module.conv1d.weight[:, 0, :], module.conv1d.bias, windows)
+        mixed, extended = tree_conv(inputs, self.conv, module.conv1d.weight[:, 0, :], module.conv1d.bias, windows)
         query, key, value = torch.split(mixed, [module.key_dim, module.key_dim, module.value_dim], dim=-1)
         repeat = module.num_v_heads // module.num_k_heads
         query = query.reshape(n, module.num_k_heads, -1).to(cd)
@@ -185,16 +185,16 @@ class GDNLayerCache:
         beta = b.to(cd).sigmoid().t()
         g = (-module.A_log.to(cd).exp() * F.softplus(a.to(cd) + module.dt_bias.to(cd))).t()
         result = tree_delta_rule(query, key, value, g, beta, self.recurrent, ctx.mask)
-        self._pending = _GDNPending(inputs=inputs, keys=key, result=result)
+        self._pending = _GDNPending(extended=extended, keys=key, result=result)
         out = result.out.transpose(0, 1).to(x.dtype)  # [n, v_heads, d_v]
         out = module.norm(out.reshape(-1, module.head_v_dim), z.reshape(-1, module.head_v_dim))
         return module.out_proj(out.reshape(n, -1))
 
-    def commit(self, ctx: TreeContext, path: list[int]) -> None:
+    def commit(self, ctx: TreeContext, path: list[int], index: torch.Tensor) -> None:
         pending = self._pending
         assert pending is not None and self.conv is not None and self.recurrent is not None
-        self.recurrent = commit_state(self.recurrent, pending.keys, pending.result, path)
-        self.conv = commit_conv_state(pending.inputs, self.conv, ctx.conv_windows(self.conv.shape[0] + 1), path[-1])
+        self.recurrent = commit_state(self.recurrent, pending.keys, pending.result, index)
+        self.conv = commit_conv_state(pending.extended, ctx.conv_windows(self.conv.shape[0] + 1), path[-1])
         self._pending = None
 
 
@@ -218,9 +218,11 @@ class HybridCache:
         ctx = self.context
         if ctx is None:
             raise RuntimeError("commit without a verified tree")
-        if path[0] != 0 or any(int(ctx.tree.parents[b]) != a for a, b in pairwise(path)):
+        parents = ctx.tree.parents.tolist()
+        if path[0] != 0 or any(parents[b] != a for a, b in pairwise(path)):
             raise ValueError(f"{path} is not a root path of the verified tree")
+        index = torch.as_tensor(path, device=ctx.mask.device)
         for layer in self.layers:
-            layer.commit(ctx, path)
+            layer.commit(ctx, path, index)
         self.length += len(path)
         self.context = None
