@@ -1,0 +1,131 @@
+"""Target classes beyond the causal LMs, and the DFlash drafter loaded from a checkpoint directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+from remote_worker.cache.tree import Tree
+from remote_worker.decoding.loop import decode
+from remote_worker.models.dflash import build_draft, load_draft
+from remote_worker.models.target import TargetModel
+from tests.teacher_drafter import TeacherDrafter
+from tests.tiny_models import random_prompt, tiny
+
+pytestmark = pytest.mark.worker  # also run under the oldest supported transformers (make test-compat)
+
+TEXT = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    linear_conv_kernel_dim=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+)
+VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
+
+
+@pytest.fixture(scope="module")
+def multimodal() -> TargetModel:
+    torch.manual_seed(0)
+    config = Qwen3_5Config(text_config=TEXT, vision_config=VISION)
+    return TargetModel(Qwen3_5ForConditionalGeneration(config).to(torch.float64).eval())
+
+
+def test_multimodal_class_used_text_only_matches_its_own_forward(multimodal: TargetModel) -> None:
+    tokens = random_prompt(2).repeat(3)
+    with torch.no_grad():
+        reference = multimodal.model(input_ids=tokens[None]).logits[0].double()
+    cache = multimodal.new_cache()
+    logits = multimodal.verify(cache, Tree.chain(tokens)).logits.double()
+    assert (logits - reference).abs().max() < 1e-6  # the model's own GDN kernel runs in float32
+    assert multimodal.kinds == ("gdn", "gdn", "gdn", "attention")
+
+
+def test_multimodal_class_decodes_losslessly(multimodal: TargetModel) -> None:
+    for seed in range(5):
+        prompt = random_prompt(seed)
+        ar = decode(multimodal, prompt, method="ar", max_new_tokens=16)
+        teacher = TeacherDrafter(prompt.tolist() + ar.tokens, 512, 8, seed)
+        for budget in (4, 64):
+            tree = decode(multimodal, prompt, method="ddtree", max_new_tokens=16, drafter=teacher, budget=budget)
+            assert tree.tokens == ar.tokens
+
+
+def draft_config(**extra: object) -> dict:
+    return dict(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=2048,
+        block_size=8,
+        dflash_config={"target_layer_ids": [0, 2], "mask_token_id": 511},
+        **extra,
+    )
+
+
+def proposals(target: TargetModel, draft, prompt: torch.Tensor) -> torch.Tensor:
+    cache = target.new_cache()
+    features = target.prefill(cache, prompt[:-1], draft.feature_layers)
+    draft.reset()
+    draft.extend_context(features)
+    mask = target.embed(torch.tensor(draft.mask_token_id))
+    return draft.propose(target.embed(prompt[-1]), mask, target.head)
+
+
+def save_checkpoint(draft, config: dict, folder: Path) -> None:
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"architectures": ["DFlashDraftModel"], **config}))
+    state = {k: v.contiguous() for k, v in draft.state_dict().items() if not k.startswith("rotary_emb.")}
+    save_file(state, folder / "model.safetensors")
+
+
+def test_draft_loads_from_a_checkpoint_directory(tmp_path: Path) -> None:
+    target, _ = tiny("tiny_hybrid")
+    config = draft_config(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})
+    built = build_draft(config, seed=3, dtype=torch.float32, device=torch.device("cpu"))
+    save_checkpoint(built, config, tmp_path / "draft")
+    loaded = load_draft(tmp_path / "draft", torch.float32, torch.device("cpu"))
+    assert loaded.block_size == 8 and loaded.target_layer_ids == (0, 2) and loaded.mask_token_id == 511
+    prompt = random_prompt(4)
+    assert torch.equal(proposals(target, loaded, prompt), proposals(target, built, prompt))
+    plain = build_draft(draft_config(), seed=3, dtype=torch.float32, device=torch.device("cpu"))
+    assert not torch.allclose(proposals(target, plain, prompt), proposals(target, built, prompt)), "rope scaling used"
+
+
+def test_draft_directory_errors_are_clear(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"has no config\.json"):
+        load_draft(tmp_path, torch.float32, torch.device("cpu"))
+    (tmp_path / "config.json").write_text(json.dumps(draft_config()))
+    with pytest.raises(FileNotFoundError, match=r"no \.safetensors"):
+        load_draft(tmp_path, torch.float32, torch.device("cpu"))
+
+
+def test_sliding_window_layers_only_see_their_window() -> None:
+    target, _ = tiny("tiny_hybrid")
+    window = draft_config(
+        layer_types=["sliding_attention", "full_attention"], sliding_window=12, use_sliding_window=True
+    )
+    full = build_draft(draft_config(), seed=5, dtype=torch.float32, device=torch.device("cpu"))
+    windowed = build_draft(window, seed=5, dtype=torch.float32, device=torch.device("cpu"))
+    assert windowed.layers[0].self_attn.sliding_window == 12 and windowed.layers[1].self_attn.sliding_window is None
+    # 2 context tokens + an 8-token block fit in the window of 12; 15 context tokens do not
+    short, long = random_prompt(0)[:3], random_prompt(12)
+    assert torch.allclose(proposals(target, windowed, short), proposals(target, full, short), atol=1e-6)
+    assert not torch.allclose(proposals(target, windowed, long), proposals(target, full, long), atol=1e-6)
