@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 import sys
@@ -28,8 +29,10 @@ from orchestrator.launch import (
     write_spec,
 )
 from orchestrator.plots import SUMMARY_FILE, plot_decode_summary
+from orchestrator.ssh_transport import SSHTransport
 from orchestrator.state import StateStore, StreamState
 from orchestrator.stream import drain, follow, wait_for_exit
+from orchestrator.sync import sync_code
 from orchestrator.tracking.runs import EXIT_CODES, connect, create_job_run, finish, run_url
 from orchestrator.tracking.sink import MlflowSink
 from orchestrator.transport import LocalTransport, Transport
@@ -60,6 +63,8 @@ def worker_spec(config: dict[str, Any], run_id: str, run_dir: str) -> dict[str, 
 
 
 def make_transport(host: dict[str, Any]) -> Transport:
+    if host["kind"] == "ssh":
+        return SSHTransport(host)
     return LocalTransport(host["name"])
 
 
@@ -82,7 +87,8 @@ def run_job(cfg: DictConfig) -> int:
     console.print(f"[bold]run[/bold] {run_id} on [bold]{host['name']}[/bold] · {config['model']['name']}")
     with LiveProgress(console) as live, CtrlC(console) as ctrl_c:
         outcome = _launch_and_follow(config, transport, sink, live, ctrl_c)
-    stderr_tail = _log_run_files(client, transport, run_id, run_dir)
+    reached = outcome.stage != "connect"  # past a failed connect there is nothing to fetch
+    stderr_tail = _log_run_files(client, transport, run_id, run_dir) if reached else []
     if outcome.status == "FINISHED":
         _log_plots(client, transport, run_id, run_dir)
     if outcome.error and sink.error is None:  # a worker traceback has already set both tags
@@ -100,10 +106,18 @@ def _launch_and_follow(
 ) -> Outcome:
     host, run_dir = config["host"], sink.state.run_dir
     grace = float(config["orchestrator"]["kill_grace_s"])
-    stage = "launch"
+    stage = "connect"
     try:
+        transport.open()
+        stage = "sync"
+        if host["kind"] == "ssh":
+            code_dir, copied = sync_code(transport, host["workdir"])
+            live.note(f"code snapshot {code_dir} ({'copied' if copied else 'already on the host'})")
+        else:
+            code_dir = str(PROJECT_ROOT)
+        stage = "launch"
         write_spec(transport, run_dir, worker_spec(config, sink.state.run_id, run_dir))
-        start_worker(transport, run_dir, host["python"] or sys.executable, str(PROJECT_ROOT), host["env"])
+        start_worker(transport, run_dir, host["python"] or sys.executable, code_dir, host["env"])
         wait_for_start(transport, run_dir)
         stage = "stream"
         poll = float(config["orchestrator"]["poll_interval_s"])
@@ -121,8 +135,10 @@ def _launch_and_follow(
         drain(transport, sink, live.show)
         return Outcome("KILLED", "interrupted by the user (Ctrl-C)", stage)
     except Exception as exc:  # noqa: BLE001 - any failure ends the run FAILED, with the worker stopped
-        stop_worker(transport, run_dir, grace)
-        return Outcome("FAILED", f"{type(exc).__name__}: {exc}", stage)
+        if stage in ("launch", "stream"):
+            with contextlib.suppress(Exception):
+                stop_worker(transport, run_dir, grace)
+        return Outcome("FAILED", f"{host['name']}: {type(exc).__name__}: {exc}", stage)
 
 
 def _log_run_files(client: MlflowClient, transport: Transport, run_id: str, run_dir: str) -> list[str]:

@@ -40,6 +40,9 @@ class Transport(Protocol):
 
     name: str
 
+    def open(self) -> None:
+        """Connect (a no-op where there is nothing to connect to)."""
+
     def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, check: bool = True) -> CommandResult:
         """Run a command to completion; raise `CommandFailed` on a non-zero exit when `check`."""
 
@@ -63,6 +66,9 @@ class LocalTransport:
     def __init__(self, name: str = "local") -> None:
         self.name = name
         self._context = Context()
+
+    def open(self) -> None:
+        return None
 
     def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, check: bool = True) -> CommandResult:
         result = self._context.run(

@@ -13,7 +13,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from remote_worker.spec import DEVICES, DTYPES, EXPERIMENT_NAMES, MODEL_SOURCES
 
-HOST_KINDS = ("local",)
+HOST_KINDS = ("local", "ssh")
 TRACKING_SCHEMES = {"local": ("sqlite:///", "file:"), "server": ("http://", "https://")}
 
 
@@ -79,6 +79,26 @@ def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
+def _check_ssh_host(container: dict[str, Any]) -> None:
+    if not str(_get(container, "host.hostname") or "").strip():
+        raise ConfigError("host.hostname must name the host (an address or a ~/.ssh/config alias)")
+    python = _get(container, "host.python")
+    if not str(python or "").startswith("/"):
+        raise ConfigError(f"host.python={python!r} must be the absolute path of the host's Python")
+    port = _get(container, "host.port")
+    if port is not None and (not _positive_int(port) or port > 65535):
+        raise ConfigError(f"host.port={port!r} must be a port number (1-65535) or null")
+    gpus = _get(container, "host.gpus")
+    if gpus not in ("auto", "none") and not (isinstance(gpus, list) and all(isinstance(g, int) for g in gpus)):
+        raise ConfigError(f"host.gpus={gpus!r} must be auto, none or a list of GPU indices")
+    for key in ("host.connect_timeout_s", "host.keepalive_s"):
+        if _number(container, key, minimum=0) == 0:
+            raise ConfigError(f"{key} must be > 0")
+    _number(container, "host.reconnect_budget_s", minimum=0)
+    if not isinstance(_get(container, "host.accept_new_host_key"), bool):
+        raise ConfigError("host.accept_new_host_key must be true or false")
+
+
 def resolve_config(cfg: DictConfig) -> dict[str, Any]:
     """Resolve interpolations and check every value the orchestrator and the worker rely on."""
     try:
@@ -87,7 +107,8 @@ def resolve_config(cfg: DictConfig) -> dict[str, Any]:
         key = getattr(exc, "full_key", None) or "config"
         raise ConfigError(f"{key}: {str(exc).splitlines()[0]}") from exc
     assert isinstance(container, dict)
-    _choice(container, "host.kind", HOST_KINDS)
+    if _choice(container, "host.kind", HOST_KINDS) == "ssh":
+        _check_ssh_host(container)
     if not str(_get(container, "host.workdir")).startswith("/"):
         raise ConfigError(f"host.workdir={_get(container, 'host.workdir')!r} must be an absolute path")
     python = _get(container, "host.python")

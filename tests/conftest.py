@@ -121,3 +121,18 @@ def run_orchestrator(args: Sequence[str], cwd: Path, timeout: float = 240) -> su
         stdout, stderr = process.communicate()
         pytest.fail(f"orchestrator did not finish in {timeout}s\n{stdout}\n{stderr}")
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory: pytest.TempPathFactory):
+    """A real sshd on a free loopback port; skipped where none can run, never under CI=true."""
+    from tests.sshd import sshd_available, start_sshd, stop_sshd
+
+    reason = sshd_available()
+    if reason is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run the SSH tests: {reason}")
+        pytest.skip(reason)
+    server = start_sshd(tmp_path_factory.mktemp("sshd"))
+    yield server
+    stop_sshd(server)

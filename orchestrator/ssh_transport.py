@@ -1,0 +1,163 @@
+"""SSH hosts through Fabric: the same `Transport` interface as the local host.
+
+Host keys are checked: the known_hosts file is loaded and an unknown key is refused, unless the host config
+opts into accept-new (the key is then remembered in that file; a changed key is always refused). Fabric's
+default of adding any key silently is never used. Commands are argv lists joined with `shlex.join`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import socket
+import stat
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import paramiko
+from fabric import Connection
+
+from orchestrator.transport import CommandFailed, CommandResult
+
+# What a lost or refused connection raises, in paramiko and below it.
+CONNECTION_ERRORS = (paramiko.SSHException, socket.error, EOFError, OSError)
+
+
+class HostKeyRefused(paramiko.SSHException):
+    """The host's key is not in known_hosts and the host config does not accept new keys."""
+
+
+class _RefuseUnknown(paramiko.MissingHostKeyPolicy):
+    def __init__(self, known_hosts: Path, port: int) -> None:
+        self.known_hosts, self.port = known_hosts, port
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        raise HostKeyRefused(
+            f"{hostname}: unknown host key ({key.get_name()} {key.fingerprint}) is not in {self.known_hosts}. "
+            f"Check the fingerprint with the host's owner, then add it with "
+            f"`ssh-keyscan -p {self.port} {hostname.strip('[]').split(']:')[0]} >> {self.known_hosts}`, "
+            f"or set host.accept_new_host_key=true to accept a first-seen key"
+        )
+
+
+class _AcceptNew(paramiko.MissingHostKeyPolicy):
+    """OpenSSH's accept-new: remember a first-seen key; a changed key still fails (paramiko checks that)."""
+
+    def __init__(self, known_hosts: Path) -> None:
+        self.known_hosts = known_hosts
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        self.known_hosts.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with self.known_hosts.open("a", encoding="utf-8") as f:
+            f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+
+
+def connection_for(host: Mapping[str, Any]) -> Connection:
+    """A Fabric connection for the host config; ~/.ssh/config aliases, users, ports, keys and ProxyJump apply."""
+    connect_kwargs: dict[str, Any] = {
+        "banner_timeout": host["connect_timeout_s"],
+        "auth_timeout": host["connect_timeout_s"],
+        "allow_agent": True,
+        "look_for_keys": host.get("identity_file") is None,
+    }
+    if host.get("identity_file"):
+        connect_kwargs["key_filename"] = os.path.expanduser(host["identity_file"])
+    gateway = None
+    if host.get("proxy_jump"):
+        gateway = Connection(host["proxy_jump"], connect_timeout=host["connect_timeout_s"])
+        _check_host_keys(gateway, host)
+    connection = Connection(
+        host["hostname"],
+        user=host.get("user"),
+        port=host.get("port"),
+        connect_timeout=host["connect_timeout_s"],
+        connect_kwargs=connect_kwargs,
+        gateway=gateway,
+    )
+    _check_host_keys(connection, host)
+    return connection
+
+
+def _check_host_keys(connection: Connection, host: Mapping[str, Any]) -> None:
+    known_hosts = Path(os.path.expanduser(host["known_hosts"]))
+    client = connection.client
+    if known_hosts.exists():
+        client.load_host_keys(str(known_hosts))
+    port = int(connection.port or 22)
+    policy = _AcceptNew(known_hosts) if host.get("accept_new_host_key") else _RefuseUnknown(known_hosts, port)
+    client.set_missing_host_key_policy(policy)
+
+
+class SSHTransport:
+    def __init__(self, host: Mapping[str, Any]) -> None:
+        self.name = host["name"]
+        self.host = host
+        self._connection = connection_for(host)
+        self._sftp: paramiko.SFTPClient | None = None
+
+    # -- connection --------------------------------------------------------------------------------
+
+    def open(self) -> None:
+        self._connection.open()
+        transport = self._connection.client.get_transport()
+        if transport is not None:
+            transport.set_keepalive(int(self.host["keepalive_s"]))
+
+    def reconnect(self) -> None:
+        self.close()
+        self._connection = connection_for(self.host)
+        self.open()
+
+    def _sftp_client(self) -> paramiko.SFTPClient:
+        if self._sftp is None:
+            self.open()
+            self._sftp = self._connection.sftp()
+        return self._sftp
+
+    def close(self) -> None:
+        if self._sftp is not None:
+            with contextlib.suppress(*CONNECTION_ERRORS):
+                self._sftp.close()
+            self._sftp = None
+        self._connection.close()
+
+    # -- the Transport interface -----------------------------------------------------------------------
+
+    def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, check: bool = True) -> CommandResult:
+        command = shlex.join(["env", *(f"{k}={v}" for k, v in (env or {}).items()), *argv] if env else argv)
+        result = self._connection.run(command, hide=True, warn=True, in_stream=False, pty=False)
+        outcome = CommandResult(result.exited, result.stdout, result.stderr)
+        if check and not outcome.ok:
+            raise CommandFailed(argv, outcome)
+        return outcome
+
+    def read_bytes(self, path: str, offset: int, limit: int) -> bytes:
+        try:
+            with self._sftp_client().open(path, "rb") as f:
+                f.seek(offset)
+                return f.read(limit)
+        except FileNotFoundError:
+            return b""
+
+    def write_file(self, path: str, data: bytes, mode: int) -> None:
+        sftp = self._sftp_client()
+        with sftp.open(path, "wb") as f:
+            f.chmod(mode)
+            f.write(data)
+
+    def make_dirs(self, path: str, mode: int) -> None:
+        self.run(["mkdir", "-p", path])
+        self.run(["chmod", format(mode, "o"), path])
+
+    def fetch(self, path: str, local_path: Path) -> bool:
+        sftp = self._sftp_client()
+        try:
+            if not stat.S_ISREG(sftp.stat(path).st_mode or 0):
+                return False
+        except FileNotFoundError:
+            return False
+        sftp.get(path, str(local_path))
+        return True

@@ -1,0 +1,165 @@
+"""SSH hosts end to end over a real sshd on 127.0.0.1: sync, launch, streaming, host keys, literal arguments."""
+
+from __future__ import annotations
+
+import shutil
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from orchestrator import PROJECT_ROOT
+from orchestrator.ssh_transport import HostKeyRefused, SSHTransport
+from orchestrator.sync import COMPLETE_MARK, sync_code
+from tests.conftest import MlflowServer, run_orchestrator
+from tests.sshd import SSHServer
+
+pytestmark = pytest.mark.slow
+
+
+def host_config(server: SSHServer, workdir: Path, **changes: object) -> dict:
+    config = {
+        "name": "localhost_ssh",
+        "kind": "ssh",
+        "hostname": "127.0.0.1",
+        "user": server.user,
+        "port": server.port,
+        "identity_file": str(server.client_key),
+        "proxy_jump": None,
+        "known_hosts": str(server.known_hosts),
+        "accept_new_host_key": False,
+        "python": sys.executable,
+        "workdir": str(workdir),
+        "env": {},
+        "gpus": "none",
+        "connect_timeout_s": 10,
+        "keepalive_s": 2,
+        "reconnect_budget_s": 30,
+    }
+    config.update(changes)
+    return config
+
+
+def ssh_args(server: SSHServer, mlflow_server: MlflowServer, workdir: Path, state: Path, *extra: str) -> list[str]:
+    return [
+        *server.host_overrides(),
+        f"host.python={sys.executable}",
+        f"host.workdir='{workdir}'",  # quoted for Hydra's override grammar
+        f"orchestrator.state_dir={state}",
+        "tracking=server",
+        f"tracking.uri={mlflow_server.uri}",
+        *extra,
+    ]
+
+
+def test_probe_over_ssh(sshd: SSHServer, mlflow_server: MlflowServer, tmp_path: Path) -> None:
+    workdir = tmp_path / "remote"
+    result = run_orchestrator(ssh_args(sshd, mlflow_server, workdir, tmp_path / "state", "experiment=probe"), tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (run_dir,) = (workdir / "runs").iterdir()
+    assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
+    assert stat.S_IMODE((run_dir / "spec.json").stat().st_mode) == 0o600
+    (snapshot,) = [p for p in (workdir / "code").iterdir() if p.is_dir()]
+    assert (snapshot / COMPLETE_MARK).exists() and (snapshot / "remote_worker" / "runner.py").exists()
+    run = MlflowClient(tracking_uri=mlflow_server.uri).get_run(run_dir.name)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["host"] == "localhost_ssh"
+    assert run.data.params["probe.model.class"] == "Qwen3_5ForCausalLM"
+    assert run.data.metrics["probe.hybrid_cache.commit_logits_max_abs_diff"] < 1e-5
+
+
+def test_decode_sweep_over_ssh(sshd: SSHServer, mlflow_server: MlflowServer, tmp_path: Path) -> None:
+    extra = ("experiment=ddtree_gdn", "experiment.num_prompts=1", "decode.max_new_tokens=12", "decode.tree_budgets=[8]")
+    result = run_orchestrator(ssh_args(sshd, mlflow_server, tmp_path / "remote", tmp_path / "state", *extra), tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (run_dir,) = (tmp_path / "remote" / "runs").iterdir()
+    client = MlflowClient(tracking_uri=mlflow_server.uri)
+    run = client.get_run(run_dir.name)
+    children = client.search_runs([run.info.experiment_id], f"tags.mlflow.parentRunId = '{run_dir.name}'")
+    assert {c.info.run_name for c in children} == {"ar", "dflash", "ddtree_tb8"}
+    assert all(c.data.metrics["lossless"] == 1.0 for c in children)
+
+
+def test_unchanged_tree_copies_nothing_and_a_change_makes_a_new_snapshot(sshd: SSHServer, tmp_path: Path) -> None:
+    tree = tmp_path / "checkout"
+    shutil.copytree(
+        PROJECT_ROOT / "remote_worker", tree / "remote_worker", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    transport = SSHTransport(host_config(sshd, tmp_path / "remote"))
+    try:
+        first, copied = sync_code(transport, str(tmp_path / "remote"), root=tree)
+        assert copied
+        again, copied_again = sync_code(transport, str(tmp_path / "remote"), root=tree)
+        assert (again, copied_again) == (first, False)
+        before = (Path(first) / "remote_worker" / "runner.py").read_text()
+        (tree / "remote_worker" / "runner.py").write_text(before + "\n# changed\n")
+        changed, copied_changed = sync_code(transport, str(tmp_path / "remote"), root=tree)
+        assert copied_changed and changed != first
+        assert (Path(first) / "remote_worker" / "runner.py").read_text() == before, "a snapshot never changes"
+        assert (Path(changed) / "remote_worker" / "runner.py").read_text().endswith("# changed\n")
+    finally:
+        transport.close()
+
+
+def test_unknown_host_key_is_refused_with_instructions(
+    sshd: SSHServer, mlflow_server: MlflowServer, tmp_path: Path
+) -> None:
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    workdir = tmp_path / "remote"
+    args = ssh_args(sshd, mlflow_server, workdir, tmp_path / "state", "experiment=probe", f"host.known_hosts={empty}")
+    result = run_orchestrator(args, tmp_path)
+    assert result.returncode == 1
+    assert "unknown host key" in result.stdout and "ssh-keyscan" in result.stdout
+    assert not workdir.exists(), "nothing may be created on a host whose key was not checked"
+    runs = MlflowClient(tracking_uri=mlflow_server.uri).search_runs(
+        [e.experiment_id for e in MlflowClient(tracking_uri=mlflow_server.uri).search_experiments()],
+        "tags.failure_stage = 'connect'",
+    )
+    assert any("unknown host key" in r.data.tags["error"] for r in runs)
+
+
+def test_accept_new_remembers_a_first_seen_key(sshd: SSHServer, tmp_path: Path) -> None:
+    known = tmp_path / "known_hosts"
+    transport = SSHTransport(host_config(sshd, tmp_path, known_hosts=str(known), accept_new_host_key=True))
+    try:
+        assert transport.run(["echo", "hello"]).stdout == "hello\n"
+    finally:
+        transport.close()
+    assert sshd.host_public_key in known.read_text()
+    strict = SSHTransport(host_config(sshd, tmp_path, known_hosts=str(known)))
+    try:
+        assert strict.run(["true"]).ok, "the remembered key is now known"
+    finally:
+        strict.close()
+
+
+def test_a_changed_host_key_is_refused_even_with_accept_new(sshd: SSHServer, tmp_path: Path) -> None:
+    known = tmp_path / "known_hosts"
+    other = "AAAAC3NzaC1lZDI1NTE5AAAAIDC5fU0VpbVl0nKuUl0E4Am8YUl0IYb3y1uM0x6s9F1w"
+    known.write_text(f"[127.0.0.1]:{sshd.port} ssh-ed25519 {other}\n")
+    transport = SSHTransport(host_config(sshd, tmp_path, known_hosts=str(known), accept_new_host_key=True))
+    with pytest.raises(Exception, match=r"(?i)host key"):
+        transport.run(["true"])
+    transport.close()
+
+
+def test_unknown_key_refusal_is_a_host_key_error(sshd: SSHServer, tmp_path: Path) -> None:
+    transport = SSHTransport(host_config(sshd, tmp_path, known_hosts=str(tmp_path / "none")))
+    with pytest.raises(HostKeyRefused):
+        transport.run(["true"])
+    transport.close()
+
+
+def test_shell_syntax_in_the_config_is_taken_literally(
+    sshd: SSHServer, mlflow_server: MlflowServer, tmp_path: Path
+) -> None:
+    marker = tmp_path / "pwned"
+    workdir = tmp_path / f"work; touch {marker}"
+    extra = ("experiment=probe", f"+host.env.ODD='$(touch {marker})'")
+    result = run_orchestrator(ssh_args(sshd, mlflow_server, workdir, tmp_path / "state", *extra), tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (workdir / "runs").is_dir()
+    assert not marker.exists()
