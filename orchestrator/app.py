@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import posixpath
+import shlex
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -12,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 from rich.console import Console
@@ -29,12 +32,13 @@ from orchestrator.launch import (
     write_spec,
 )
 from orchestrator.plots import SUMMARY_FILE, plot_decode_summary
-from orchestrator.ssh_transport import SSHTransport
+from orchestrator.redaction import redact_url
+from orchestrator.ssh_transport import CONNECTION_ERRORS, SSHTransport
 from orchestrator.state import StateStore, StreamState
-from orchestrator.stream import drain, follow, wait_for_exit
+from orchestrator.stream import HostUnreachable, drain, follow, wait_for_exit
 from orchestrator.sync import sync_code
-from orchestrator.tracking.runs import EXIT_CODES, connect, create_job_run, finish, run_url
-from orchestrator.tracking.sink import MlflowSink
+from orchestrator.tracking.runs import DETACHED, EXIT_CODES, connect, create_job_run, finish, run_url
+from orchestrator.tracking.sink import DETACHED_TAG, LAST_SEQ_TAG, OFFSET_TAG, MlflowSink
 from orchestrator.transport import LocalTransport, Transport
 from orchestrator.validation import ConfigError, resolve_config
 
@@ -69,28 +73,46 @@ def make_transport(host: dict[str, Any]) -> Transport:
 
 
 def run_job(cfg: DictConfig) -> int:
-    """Run one job and return its exit code (0 FINISHED, 1 FAILED, 130 KILLED, 2 bad config)."""
+    """Run (or attach to) one job; return its exit code (see EXIT_CODES; 2 for a bad config)."""
     console = Console()
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # the summary prints the URL
+    logging.getLogger("paramiko").setLevel(logging.WARNING)  # connection chatter; reconnects are reported
     try:
         config = resolve_config(cfg)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
     client = connect(config["tracking"])
-    experiment_id, run_id = create_job_run(client, config, HydraConfig.get().overrides.task, git_info())
     host = config["host"]
+    store = StateStore(Path(config["orchestrator"]["state_dir"]))
+    if config["attach"]:
+        try:
+            experiment_id, state = _attached_state(client, store, host, config["attach"])
+        except ConfigError as exc:
+            print(f"attach: {exc}", file=sys.stderr)
+            return 2
+    else:
+        experiment_id, run_id = create_job_run(client, config, HydraConfig.get().overrides.task, git_info())
+        state = StreamState(run_id=run_id, host=host["name"], run_dir=run_dir_for(host["workdir"], run_id))
+    run_id, run_dir = state.run_id, state.run_dir
     transport = make_transport(host)
-    run_dir = run_dir_for(host["workdir"], run_id)
-    state = StreamState(run_id=run_id, host=host["name"], run_dir=run_dir)
-    sink = MlflowSink(client, experiment_id, state, StateStore(Path(config["orchestrator"]["state_dir"])), transport)
-    console.print(f"[bold]run[/bold] {run_id} on [bold]{host['name']}[/bold] · {config['model']['name']}")
+    sink = MlflowSink(client, experiment_id, state, store, transport)
+    verb = "attached to" if config["attach"] else "run"
+    console.print(f"[bold]{verb}[/bold] {run_id} on [bold]{host['name']}[/bold] · {config['model']['name']}")
     with LiveProgress(console) as live, CtrlC(console) as ctrl_c:
         outcome = _launch_and_follow(config, transport, sink, live, ctrl_c)
-    reached = outcome.stage != "connect"  # past a failed connect there is nothing to fetch
-    stderr_tail = _log_run_files(client, transport, run_id, run_dir) if reached else []
-    if outcome.status == "FINISHED":
-        _log_plots(client, transport, run_id, run_dir)
+    if outcome.status == DETACHED:
+        transport.close()
+        return _leave_detached(console, client, config, run_id, outcome)
+    stderr_tail: list[str] = []
+    if outcome.stage != "connect":  # past a failed connect there is nothing to fetch
+        try:
+            transport.reconnect() if outcome.stage == "stream" else None
+            stderr_tail = _log_run_files(client, transport, run_id, run_dir)
+            if outcome.status == "FINISHED":
+                _log_plots(client, transport, run_id, run_dir)
+        except CONNECTION_ERRORS as exc:
+            console.print(f"[yellow]could not fetch the run's files from {host['name']}: {exc}[/yellow]")
     if outcome.error and sink.error is None:  # a worker traceback has already set both tags
         client.set_tag(run_id, "failure_stage", outcome.stage or "worker")
         client.set_tag(run_id, "error", outcome.error)
@@ -101,6 +123,60 @@ def run_job(cfg: DictConfig) -> int:
     return EXIT_CODES[outcome.status]
 
 
+def _attached_state(
+    client: MlflowClient, store: StateStore, host: dict[str, Any], run_id: str
+) -> tuple[str, StreamState]:
+    """Where the last orchestrator of this run stopped: its state file, else the run's own tags."""
+    try:
+        run = client.get_run(run_id)
+    except MlflowException as exc:
+        raise ConfigError(f"no MLflow run {run_id} at this tracking URI") from exc
+    if run.info.status != "RUNNING":
+        raise ConfigError(f"run {run_id} has already ended ({run.info.status})")
+    if run.data.tags.get("host") != host["name"]:
+        raise ConfigError(
+            f"run {run_id} ran on host {run.data.tags.get('host')!r}; pass host={run.data.tags.get('host')}"
+        )
+    state = store.load(run_id)
+    if state is None:
+        tags = run.data.tags
+        state = StreamState(
+            run_id=run_id,
+            host=host["name"],
+            run_dir=run_dir_for(host["workdir"], run_id),
+            last_seq=int(tags.get(LAST_SEQ_TAG, -1)),
+            offset=int(tags.get(OFFSET_TAG, 0)),
+        )
+    return run.info.experiment_id, state
+
+
+def _leave_detached(
+    console: Console, client: MlflowClient, config: dict[str, Any], run_id: str, outcome: Outcome
+) -> int:
+    """The host stayed out of reach: the worker may well still be running, so the run is not ended."""
+    command = attach_command(config, run_id)
+    client.set_tag(run_id, DETACHED_TAG, "true")
+    client.set_tag(run_id, "attach_command", command)
+    console.print(f"[yellow]{outcome.error}[/yellow]")
+    console.print(f"The run stays RUNNING in MLflow; the worker goes on if it can. Follow it again with:\n  {command}")
+    return EXIT_CODES[DETACHED]
+
+
+def attach_command(config: dict[str, Any], run_id: str) -> str:
+    """The command that resumes following `run_id` (same host and tracking, from the state saved so far)."""
+    return shlex.join(
+        [
+            "python",
+            "-m",
+            "orchestrator",
+            f"attach={run_id}",
+            f"host={config['host']['name']}",
+            f"tracking={config['tracking']['kind']}",
+            f"tracking.uri={redact_url(config['tracking']['uri'])}",
+        ]
+    )
+
+
 def _launch_and_follow(
     config: dict[str, Any], transport: Transport, sink: MlflowSink, live: LiveProgress, ctrl_c: CtrlC
 ) -> Outcome:
@@ -109,25 +185,29 @@ def _launch_and_follow(
     stage = "connect"
     try:
         transport.open()
-        stage = "sync"
-        if host["kind"] == "ssh":
-            code_dir, copied = sync_code(transport, host["workdir"])
-            live.note(f"code snapshot {code_dir} ({'copied' if copied else 'already on the host'})")
-        else:
-            code_dir = str(PROJECT_ROOT)
-        stage = "launch"
-        write_spec(transport, run_dir, worker_spec(config, sink.state.run_id, run_dir))
-        start_worker(transport, run_dir, host["python"] or sys.executable, code_dir, host["env"])
-        wait_for_start(transport, run_dir)
+        if not config["attach"]:
+            stage = "sync"
+            if host["kind"] == "ssh":
+                code_dir, copied = sync_code(transport, host["workdir"])
+                live.note(f"code snapshot {code_dir} ({'copied' if copied else 'already on the host'})")
+            else:
+                code_dir = str(PROJECT_ROOT)
+            stage = "launch"
+            write_spec(transport, run_dir, worker_spec(config, sink.state.run_id, run_dir))
+            start_worker(transport, run_dir, host["python"] or sys.executable, code_dir, host["env"])
+            wait_for_start(transport, run_dir)
         stage = "stream"
         poll = float(config["orchestrator"]["poll_interval_s"])
-        gone = follow(transport, sink, live.show, poll, ctrl_c.check)
+        budget = float(host.get("reconnect_budget_s", 0))
+        gone = follow(transport, sink, live.show, poll, ctrl_c.check, budget, live.note)
         if gone is not None:
             return Outcome("FAILED", f"{gone.describe()} before reporting an end event", "worker")
         assert sink.end is not None
         if wait_for_exit(transport, run_dir, grace).alive:
             stop_worker(transport, run_dir, grace)
         return Outcome(str(sink.end.get("status", "FAILED")), sink.end.get("error"), "worker")
+    except HostUnreachable as exc:
+        return Outcome(DETACHED, str(exc), stage)
     except KeyboardInterrupt:
         ctrl_c.stopping()
         live.note("[yellow]interrupted: stopping the worker[/yellow]")

@@ -21,8 +21,12 @@ from fabric import Connection
 
 from orchestrator.transport import CommandFailed, CommandResult
 
-# What a lost or refused connection raises, in paramiko and below it.
-CONNECTION_ERRORS = (paramiko.SSHException, socket.error, EOFError, OSError)
+# What a lost or refused connection raises, in paramiko (SFTP included) and below it.
+CONNECTION_ERRORS = (paramiko.SSHException, paramiko.sftp.SFTPError, socket.error, EOFError, OSError)
+
+
+class ConnectionLost(paramiko.SSHException):
+    """The channel closed before the command reported its exit status."""
 
 
 class HostKeyRefused(paramiko.SSHException):
@@ -129,6 +133,8 @@ class SSHTransport:
     def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, check: bool = True) -> CommandResult:
         command = shlex.join(["env", *(f"{k}={v}" for k, v in (env or {}).items()), *argv] if env else argv)
         result = self._connection.run(command, hide=True, warn=True, in_stream=False, pty=False)
+        if result.exited == -1:  # paramiko's "no exit status": the connection went away mid-command
+            raise ConnectionLost(f"{self.name}: connection lost while running `{argv[0]}`")
         outcome = CommandResult(result.exited, result.stdout, result.stderr)
         if check and not outcome.ok:
             raise CommandFailed(argv, outcome)

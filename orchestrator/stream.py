@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import posixpath
 import time
 from collections.abc import Callable
 
 from orchestrator.events import EVENTS_FILE, Event, split_events
 from orchestrator.launch import WorkerStatus, worker_status
+from orchestrator.ssh_transport import CONNECTION_ERRORS
 from orchestrator.tracking.sink import MlflowSink
 from orchestrator.transport import Transport
 
@@ -28,23 +30,68 @@ def drain(transport: Transport, sink: MlflowSink, show: Callable[[Event], None])
         any_new = True
 
 
+class HostUnreachable(RuntimeError):
+    """The host could not be reached again within the reconnect budget."""
+
+
+class _Reconnect:
+    """Exponential backoff (0.5 s doubling to 8 s) within a budget that restarts after every success."""
+
+    def __init__(self, transport: Transport, budget_s: float, note: Callable[[str], None]) -> None:
+        self.transport, self.budget_s, self.note = transport, budget_s, note
+        self.lost_since: float | None = None
+        self.delay = 0.5
+
+    def succeeded(self) -> None:
+        if self.lost_since is not None:
+            self.note(f"[green]reconnected to {self.transport.name}[/green]")
+        self.lost_since, self.delay = None, 0.5
+
+    def after(self, error: Exception) -> None:
+        now = time.monotonic()
+        if self.lost_since is None:
+            self.lost_since = now
+            self.note(f"[yellow]lost {self.transport.name} ({type(error).__name__}: {error}); reconnecting[/yellow]")
+        waited = now - self.lost_since
+        if waited >= self.budget_s:
+            raise HostUnreachable(
+                f"{self.transport.name} unreachable for {waited:.0f}s: {type(error).__name__}: {error}"
+            )
+        time.sleep(min(self.delay, max(self.budget_s - waited, 0.0)))
+        self.delay = min(self.delay * 2, 8.0)
+        with contextlib.suppress(*CONNECTION_ERRORS):  # the next attempt tells
+            self.transport.reconnect()
+
+
 def follow(
     transport: Transport,
     sink: MlflowSink,
     show: Callable[[Event], None],
     poll_interval_s: float,
     check_interrupt: Callable[[], None],
+    reconnect_budget_s: float = 0.0,
+    note: Callable[[str], None] = print,
 ) -> WorkerStatus | None:
-    """Apply events until the worker's `end` event (returns None) or until it is gone (returns its status)."""
+    """Apply events until the worker's `end` event (returns None) or until it is gone (returns its status).
+
+    A lost connection is re-opened with backoff and the log is read on from the saved offset, so nothing
+    is lost or applied twice; past `reconnect_budget_s` without the host, HostUnreachable is raised.
+    """
+    reconnect = _Reconnect(transport, reconnect_budget_s, note)
     while True:
         check_interrupt()
-        if drain(transport, sink, show) and sink.end is not None:
-            return None
-        status = worker_status(transport, sink.state.run_dir)
-        if not status.alive:
-            # The last events may have landed between the read above and the status check.
-            drain(transport, sink, show)
-            return None if sink.end is not None else status
+        try:
+            if drain(transport, sink, show) and sink.end is not None:
+                return None
+            status = worker_status(transport, sink.state.run_dir)
+            if not status.alive:
+                # The last events may have landed between the read above and the status check.
+                drain(transport, sink, show)
+                return None if sink.end is not None else status
+            reconnect.succeeded()
+        except CONNECTION_ERRORS as error:
+            reconnect.after(error)
+            continue
         time.sleep(poll_interval_s)
 
 

@@ -43,6 +43,9 @@ class Transport(Protocol):
     def open(self) -> None:
         """Connect (a no-op where there is nothing to connect to)."""
 
+    def reconnect(self) -> None:
+        """Drop the connection and open a new one."""
+
     def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, check: bool = True) -> CommandResult:
         """Run a command to completion; raise `CommandFailed` on a non-zero exit when `check`."""
 
@@ -68,6 +71,9 @@ class LocalTransport:
         self._context = Context()
 
     def open(self) -> None:
+        return None
+
+    def reconnect(self) -> None:
         return None
 
     def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, check: bool = True) -> CommandResult:

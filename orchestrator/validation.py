@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -129,6 +130,9 @@ def resolve_config(cfg: DictConfig) -> dict[str, Any]:
         schemes = " or ".join(f"{s}..." for s in TRACKING_SCHEMES[kind])
         raise ConfigError(f"tracking.uri={uri!r} must start with {schemes} for tracking={kind}")
     _number(container, "seed", minimum=0, integer=True)
+    attach = _get(container, "attach")
+    if attach is not None and not re.fullmatch(r"[0-9a-f]{32}", str(attach)):
+        raise ConfigError(f"attach={attach!r} must be an MLflow run id (32 hexadecimal characters)")
     prefill = _number(container, "probe.prefill_tokens", minimum=2, integer=True)
     crop = _number(container, "probe.crop_tokens", minimum=1, integer=True)
     if crop >= prefill:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import shutil
+import signal
 import stat
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,8 +18,9 @@ from mlflow.tracking import MlflowClient
 from orchestrator import PROJECT_ROOT
 from orchestrator.ssh_transport import HostKeyRefused, SSHTransport
 from orchestrator.sync import COMPLETE_MARK, sync_code
-from tests.conftest import MlflowServer, run_orchestrator
+from tests.conftest import MlflowServer, run_orchestrator, start_orchestrator
 from tests.sshd import SSHServer
+from tests.test_end_to_end import mlflow_metrics, worker_metrics_for
 
 pytestmark = pytest.mark.slow
 
@@ -163,3 +169,79 @@ def test_shell_syntax_in_the_config_is_taken_literally(
     assert result.returncode == 0, result.stdout + result.stderr
     assert (workdir / "runs").is_dir()
     assert not marker.exists()
+
+
+def wait_for_offset(state_dir: Path, at_least: int, process, timeout: float = 180) -> str:
+    """The run id once the orchestrator has applied events past `at_least` bytes of the log."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.communicate()
+        for path in (state_dir / "runs").glob("*.json") if (state_dir / "runs").exists() else []:
+            state = json.loads(path.read_text())
+            if state["offset"] > at_least:
+                return state["run_id"]
+        time.sleep(0.1)
+    pytest.fail("the orchestrator never got that far")
+
+
+def assert_exact_histories(client: MlflowClient, run_dir: Path) -> None:
+    """MLflow holds exactly the metric values the worker wrote, in the job's run and every child run."""
+    run = client.get_run(run_dir.name)
+    children = client.search_runs([run.info.experiment_id], f"tags.mlflow.parentRunId = '{run_dir.name}'")
+    assert children
+    for child in children:
+        scope = child.data.tags["orchestrator.scope"]
+        assert mlflow_metrics(client, child.info.run_id) == worker_metrics_for(run_dir, scope), scope
+
+
+SWEEP = ("experiment=ddtree_gdn", "experiment.num_prompts=3", "decode.max_new_tokens=48", "decode.tree_budgets=[16]")
+
+
+def test_killed_ssh_connections_are_survived(sshd: SSHServer, mlflow_server: MlflowServer, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    process = start_orchestrator(ssh_args(sshd, mlflow_server, tmp_path / "remote", state, *SWEEP), tmp_path)
+    try:
+        wait_for_offset(state, 2000, process)
+        for _ in range(2):  # cut every connection twice, mid-stream
+            for pid in sshd.connection_pids():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(1.5)
+        stdout, stderr = process.communicate(timeout=300)
+    finally:
+        process.kill()
+    assert process.returncode == 0, stdout + stderr
+    assert "reconnected" in stdout
+    (run_dir,) = (tmp_path / "remote" / "runs").iterdir()
+    client = MlflowClient(tracking_uri=mlflow_server.uri)
+    assert client.get_run(run_dir.name).info.status == "FINISHED"
+    assert_exact_histories(client, run_dir)
+
+
+def test_attach_after_the_orchestrator_was_killed(sshd: SSHServer, mlflow_server: MlflowServer, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    args = ssh_args(sshd, mlflow_server, tmp_path / "remote", state, *SWEEP)
+    process = start_orchestrator(args, tmp_path)
+    try:
+        run_id = wait_for_offset(state, 2000, process)
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+    finally:
+        process.kill()
+    client = MlflowClient(tracking_uri=mlflow_server.uri)
+    assert client.get_run(run_id).info.status == "RUNNING"
+    attached = run_orchestrator([*args, f"attach={run_id}"], tmp_path)
+    assert attached.returncode == 0, attached.stdout + attached.stderr
+    assert f"attached to {run_id}" in attached.stdout
+    run_dir = tmp_path / "remote" / "runs" / run_id
+    assert client.get_run(run_id).info.status == "FINISHED"
+    assert_exact_histories(client, run_dir)
+
+
+def test_attach_to_an_unknown_run_is_one_clear_line(
+    sshd: SSHServer, mlflow_server: MlflowServer, tmp_path: Path
+) -> None:
+    args = ssh_args(sshd, mlflow_server, tmp_path / "remote", tmp_path / "state", "attach=" + "0" * 32)
+    result = run_orchestrator(args, tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"attach: no MLflow run {'0' * 32} at this tracking URI"]

@@ -16,8 +16,10 @@ from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH, MAX_PARAMS_TAGS_PER_BA
 from orchestrator.gitinfo import GitInfo
 from orchestrator.redaction import redact, redact_url, to_params
 
-# The exit code of `python -m orchestrator` for each final status.
-EXIT_CODES = {"FINISHED": 0, "FAILED": 1, "KILLED": 130}
+# Not an MLflow status: the host stayed out of reach, the run stays RUNNING and can be attached to later.
+DETACHED = "DETACHED"
+# The exit code of `python -m orchestrator` for each outcome.
+EXIT_CODES = {"FINISHED": 0, "FAILED": 1, "KILLED": 130, DETACHED: 75}
 
 
 def connect(tracking: dict[str, Any]) -> MlflowClient:

@@ -32,6 +32,7 @@ from orchestrator.transport import Transport
 SCOPE_TAG = "orchestrator.scope"
 LAST_SEQ_TAG = "orchestrator.last_seq"
 OFFSET_TAG = "orchestrator.offset"
+DETACHED_TAG = "orchestrator.detached"
 
 
 @dataclass
