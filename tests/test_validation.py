@@ -36,7 +36,7 @@ def test_unknown_group_choice_names_group_and_options() -> None:
 
 
 def test_unknown_choice_inside_a_sweep_is_rejected() -> None:
-    with pytest.raises(ConfigError, match="host='gpu9' is not one of: local"):
+    with pytest.raises(ConfigError, match="host='gpu9' is not one of: kpro5, local, localhost_ssh"):
         check_group_choices(["-m", "host=local,gpu9"], CONF_DIR)
 
 
@@ -58,6 +58,7 @@ def test_valid_choices_and_plain_keys_pass() -> None:
         ("experiment.name=nope", "experiment.name='nope' is not one of: ddtree_gdn, probe"),
         ("decode.tree_budgets=[16,0]", "decode.tree_budgets=[16, 0] must be a non-empty list of positive integers"),
         ("decode.block_size=1", "decode.block_size=1 must be an integer >= 2"),
+        ("attach=abc", "attach='abc' must be an MLflow run id (32 hexadecimal characters)"),
     ],
 )
 def test_bad_values_give_one_line_naming_the_key(override: str, message: str) -> None:
@@ -65,6 +66,23 @@ def test_bad_values_give_one_line_naming_the_key(override: str, message: str) ->
         composed([override])
     assert str(err.value) == message
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["host.port=0"], "host.port=0 must be a port number (1-65535) or null"),
+        (["host.python=python3"], "host.python='python3' must be the absolute path of the host's Python"),
+        (["host.gpus=some"], "host.gpus='some' must be auto, none or a list of GPU indices"),
+        (["host.keepalive_s=0"], "host.keepalive_s must be > 0"),
+        (["host.accept_new_host_key=maybe"], "host.accept_new_host_key must be true or false"),
+    ],
+)
+def test_ssh_host_settings_are_checked(overrides: list[str], message: str) -> None:
+    assert composed(["host=kpro5"])["host"]["kind"] == "ssh"
+    with pytest.raises(ConfigError) as err:
+        composed(["host=kpro5", *overrides])
+    assert str(err.value) == message
 
 
 def test_missing_mandatory_value_is_named() -> None:
