@@ -107,7 +107,8 @@ def run_job(cfg: DictConfig) -> int:
     stderr_tail: list[str] = []
     if outcome.stage != "connect":  # past a failed connect there is nothing to fetch
         try:
-            transport.reconnect() if outcome.stage == "stream" else None
+            if outcome.stage == "stream":  # a fresh connection: the streaming one may have been cut
+                transport.reconnect()
             stderr_tail = _log_run_files(client, transport, run_id, run_dir)
             if outcome.status == "FINISHED":
                 _log_plots(client, transport, run_id, run_dir)
