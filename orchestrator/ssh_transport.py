@@ -19,7 +19,7 @@ from typing import Any
 import paramiko
 from fabric import Connection
 
-from orchestrator.transport import CommandFailed, CommandResult
+from orchestrator.transport import CommandResult, command_result
 
 # What a lost or refused connection raises, in paramiko (SFTP included) and below it.
 CONNECTION_ERRORS = (paramiko.SSHException, paramiko.sftp.SFTPError, socket.error, EOFError, OSError)
@@ -135,10 +135,7 @@ class SSHTransport:
         result = self._connection.run(command, hide=True, warn=True, in_stream=False, pty=False)
         if result.exited == -1:  # paramiko's "no exit status": the connection went away mid-command
             raise ConnectionLost(f"{self.name}: connection lost while running `{argv[0]}`")
-        outcome = CommandResult(result.exited, result.stdout, result.stderr)
-        if check and not outcome.ok:
-            raise CommandFailed(argv, outcome)
-        return outcome
+        return command_result(argv, result.exited, result.stdout, result.stderr, check)
 
     def read_bytes(self, path: str, offset: int, limit: int) -> bytes:
         try:

@@ -35,6 +35,14 @@ class CommandFailed(RuntimeError):
         self.result = result
 
 
+def command_result(argv: Sequence[str], exit_code: int, stdout: str, stderr: str, check: bool) -> CommandResult:
+    """The outcome of a finished command; raises CommandFailed for a non-zero exit when `check`."""
+    outcome = CommandResult(exit_code, stdout, stderr)
+    if check and not outcome.ok:
+        raise CommandFailed(argv, outcome)
+    return outcome
+
+
 class Transport(Protocol):
     """What the launcher and the streamer need from a host."""
 
@@ -80,10 +88,7 @@ class LocalTransport:
         result = self._context.run(
             shlex.join(argv), hide=True, warn=True, in_stream=False, env=dict(env or {}), pty=False
         )
-        outcome = CommandResult(result.exited, result.stdout, result.stderr)
-        if check and not outcome.ok:
-            raise CommandFailed(argv, outcome)
-        return outcome
+        return command_result(argv, result.exited, result.stdout, result.stderr, check)
 
     def read_bytes(self, path: str, offset: int, limit: int) -> bytes:
         try:

@@ -17,7 +17,7 @@ from orchestrator.events import split_events
 from orchestrator.state import StateStore
 from orchestrator.tracking.sink import MlflowSink
 from orchestrator.transport import LocalTransport
-from tests.conftest import JobPaths, MlflowServer, run_orchestrator, start_orchestrator
+from tests.conftest import JobPaths, MlflowServer, group_alive, run_orchestrator, start_orchestrator
 from tests.test_sink import snapshot
 
 pytestmark = pytest.mark.slow
@@ -80,14 +80,6 @@ def children_of(pid: int) -> list[int]:
         if int(fields[1]) == pid:
             found.append(int(stat.parent.name))
     return found
-
-
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_probe_run_is_tracked_completely(mlflow_server: MlflowServer, job_paths: JobPaths, tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from orchestrator.launch import (
     write_spec,
 )
 from orchestrator.transport import LocalTransport
+from tests.conftest import group_alive
 
 transport = LocalTransport()
 
@@ -38,14 +39,6 @@ def wait_until(predicate, timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.05)
     return False
-
-
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_spec_and_run_dir_are_private(tmp_path: Path) -> None:
