@@ -32,6 +32,7 @@ from orchestrator.launch import (
     write_spec,
 )
 from orchestrator.plots import SUMMARY_FILE, plot_decode_summary
+from orchestrator.preflight import PreflightFailed, run_preflight
 from orchestrator.redaction import redact_url
 from orchestrator.ssh_transport import CONNECTION_ERRORS, SSHTransport
 from orchestrator.state import StateStore, StreamState
@@ -187,6 +188,8 @@ def _launch_and_follow(
     try:
         transport.open()
         if not config["attach"]:
+            stage = "preflight"
+            run_preflight(transport, host, config["model"], host["python"] or sys.executable)
             stage = "sync"
             if host["kind"] == "ssh":
                 code_dir, copied = sync_code(transport, host["workdir"])
@@ -215,6 +218,8 @@ def _launch_and_follow(
         stop_worker(transport, run_dir, grace)
         drain(transport, sink, live.show)
         return Outcome("KILLED", "interrupted by the user (Ctrl-C)", stage)
+    except PreflightFailed as exc:
+        return Outcome("FAILED", str(exc), stage)
     except Exception as exc:  # noqa: BLE001 - any failure ends the run FAILED, with the worker stopped
         if stage in ("launch", "stream"):
             with contextlib.suppress(Exception):

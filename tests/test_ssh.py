@@ -245,3 +245,34 @@ def test_attach_to_an_unknown_run_is_one_clear_line(
     result = run_orchestrator(args, tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [f"attach: no MLflow run {'0' * 32} at this tracking URI"]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "host.python=/no/such/python",
+            "localhost_ssh: the interpreter /no/such/python does not exist there (host.python)",
+        ),
+        (
+            "model.path=/no/such/model",
+            "localhost_ssh: model.path /no/such/model is missing or has no config.json",
+        ),
+    ],
+)
+def test_preflight_names_the_missing_piece_and_leaves_nothing(
+    sshd: SSHServer, mlflow_server: MlflowServer, tmp_path: Path, override: str, message: str
+) -> None:
+    workdir = tmp_path / "remote"
+    extra = ["experiment=probe", override] + (["model.source=pretrained"] if "model.path" in override else [])
+    started = time.monotonic()
+    result = run_orchestrator(ssh_args(sshd, mlflow_server, workdir, tmp_path / "state", *extra), tmp_path)
+    assert result.returncode == 1
+    assert time.monotonic() - started < 60
+    assert message in " ".join(result.stdout.split())
+    assert not workdir.exists(), "a failed preflight copies and starts nothing"
+    client = MlflowClient(tracking_uri=mlflow_server.uri)
+    runs = client.search_runs(
+        [e.experiment_id for e in client.search_experiments()], "tags.failure_stage = 'preflight'"
+    )
+    assert any(r.data.tags["error"] == message for r in runs)

@@ -1,0 +1,72 @@
+"""What a host offers, as one JSON line, checked before anything is copied or launched there.
+
+The orchestrator runs this file's source with the host's interpreter (`python -c SOURCE ARGS`), so it
+needs nothing on the host yet and writes nothing there. It imports only the standard library at the top,
+so it answers even where torch or transformers are missing: that absence is one of its answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import platform
+import shutil
+import sys
+from typing import Any
+
+GIB = 1024**3
+
+
+def _version(module: str) -> str | None:
+    try:
+        return str(importlib.import_module(module).__version__)
+    except Exception:  # noqa: BLE001 - any failure to import means "not usable here"
+        return None
+
+
+def preflight(workdir: str, paths: dict[str, str]) -> dict[str, Any]:
+    report: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": _version("torch"),
+        "transformers": _version("transformers"),
+        "safetensors": _version("safetensors"),
+        "numpy": _version("numpy"),
+        "gpus": [],
+        "cuda": None,
+    }
+    if report["torch"]:
+        import torch
+
+        report["cuda"] = torch.version.cuda
+        if torch.cuda.is_available():
+            for index in range(torch.cuda.device_count()):
+                free, total = torch.cuda.mem_get_info(index)
+                report["gpus"].append(
+                    {
+                        "index": index,
+                        "name": torch.cuda.get_device_name(index),
+                        "free_gib": round(free / GIB, 2),
+                        "total_gib": round(total / GIB, 2),
+                    }
+                )
+    existing = workdir
+    while not os.path.isdir(existing):  # the work dir may not exist yet: measure where it will be
+        existing = os.path.dirname(existing) or "/"
+    report["workdir_free_gib"] = round(shutil.disk_usage(existing).free / GIB, 2)
+    report["paths"] = {name: os.path.isfile(os.path.join(path, "config.json")) for name, path in paths.items()}
+    return report
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="preflight")
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("paths", nargs="*", help="NAME=DIR checkpoint directories that must hold a config.json")
+    args = parser.parse_args(argv)
+    print(json.dumps(preflight(args.workdir, dict(item.split("=", 1) for item in args.paths))))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
