@@ -118,6 +118,8 @@ def run_job(cfg: DictConfig) -> int:
     if outcome.error and sink.error is None:  # a worker traceback has already set both tags
         client.set_tag(run_id, "failure_stage", outcome.stage or "worker")
         client.set_tag(run_id, "error", outcome.error)
+    if config["attach"]:
+        client.set_tag(run_id, DETACHED_TAG, "false")  # followed to its end after all
     finish(client, sink.run_ids(), outcome.status)
     transport.close()
     summary = (sink.end or {}).get("summary") or {}

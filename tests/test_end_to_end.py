@@ -133,19 +133,35 @@ def test_probe_run_is_tracked_completely(mlflow_server: MlflowServer, job_paths:
 def test_worker_exception_gives_failed_run_with_traceback(
     mlflow_server: MlflowServer, job_paths: JobPaths, tmp_path: Path
 ) -> None:
-    missing = tmp_path / "no-such-model"
-    args = server_args(mlflow_server, job_paths, "model.source=pretrained", f"model.path={missing}")
+    # Preflight cannot know which classes the host's transformers has; the worker finds out and raises.
+    args = server_args(mlflow_server, job_paths, "experiment=probe", "model.arch=NoSuchForCausalLM")
     result = run_orchestrator(args, cwd=tmp_path)
     assert result.returncode == 1, result.stdout + result.stderr
     run_id = only_run_dir(job_paths).name
     client = MlflowClient(tracking_uri=mlflow_server.uri)
     run = client.get_run(run_id)
     assert run.info.status == "FAILED"
-    assert run.data.tags["error"] == f"FileNotFoundError: model directory {missing} has no config.json (model.path)"
+    error = run.data.tags["error"]
+    assert error.startswith("ValueError: model.arch='NoSuchForCausalLM' is not a model class of transformers")
     assert run.data.tags["failure_stage"] == "worker"
     traceback_text = download_text(client, run_id, "traceback.txt", tmp_path)
     assert traceback_text.startswith("Traceback") and "load_model" in traceback_text
-    assert "FileNotFoundError" in result.stdout
+    assert "ValueError" in result.stdout
+
+
+def test_missing_model_directory_is_a_preflight_failure(
+    mlflow_server: MlflowServer, job_paths: JobPaths, tmp_path: Path
+) -> None:
+    missing = tmp_path / "no-such-model"
+    args = server_args(mlflow_server, job_paths, "model.source=pretrained", f"model.path={missing}")
+    result = run_orchestrator(args, cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert job_paths.run_dirs() == [], "nothing is launched after a failed preflight"
+    client = MlflowClient(tracking_uri=mlflow_server.uri)
+    failed = client.search_runs(
+        [e.experiment_id for e in client.search_experiments()], "tags.failure_stage = 'preflight'"
+    )
+    assert any(r.data.tags["error"] == f"local: model.path {missing} is missing or has no config.json" for r in failed)
 
 
 def test_worker_killed_by_sigkill_gives_failed_run(
