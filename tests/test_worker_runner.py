@@ -80,3 +80,17 @@ def test_sigterm_at_any_moment_ends_the_run_killed(tmp_path: Path, delay: float)
     assert [e.seq for e in log] == list(range(len(log)))
     assert log[-1].kind == "end" and log[-1].data == {"status": "KILLED", "error": "worker stopped by signal 15"}
     assert not any(e.kind == "traceback" for e in log)
+
+
+def test_sampling_sweep_reports_no_lossless(tmp_path: Path) -> None:
+    """At temperature > 0 outputs differ from AR's by design: every metric but `lossless` is reported."""
+    spec = decode_spec(tmp_path)
+    spec["decode"].update(temperature=0.8, max_new_tokens=12, tree_budgets=[8])
+    spec["experiment"]["num_prompts"] = 1
+    process = start_worker(tmp_path, spec)
+    assert process.wait(timeout=180) == 0, process.stderr.read().decode()[-2000:]
+    log = events(tmp_path)
+    summaries = [e for e in log if e.kind == "metrics" and "tau" in e.data]
+    assert {e.scope for e in summaries} == {"ar", "dflash", "ddtree_tb8"}
+    assert all("lossless" not in e.data and e.data["tokens_per_s"] > 0 for e in summaries)
+    assert log[-1].data["status"] == "FINISHED"

@@ -135,8 +135,9 @@ def decode(
             cache.commit(path)
         if feature_layers:
             assert drafter is not None
-            index = torch.as_tensor(path, device=target.device)
-            drafter.extend_context(torch.cat([output.hidden[i][index] for i in feature_layers], dim=-1))
+            with timer.stage("draft"):  # the drafter takes in the committed tokens' target features
+                index = torch.as_tensor(path, device=target.device)
+                drafter.extend_context(torch.cat([output.hidden[i][index] for i in feature_layers], dim=-1))
         result.tree_sizes.append(draft.tree.size)
         result.acceptance_lengths.append(len(path) - 1)
         emitted = [int(draft.tree.tokens[i]) for i in path[1:]] + [targets[path[-1]]]

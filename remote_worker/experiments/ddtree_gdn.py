@@ -146,6 +146,9 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
             )
     log.progress("decode", len(prompts) * len(methods), len(prompts) * len(methods), "done")
     summary = {scope: t.metrics(totals["ar"]) for scope, t in totals.items()}
+    if temperature > 0:  # sampled outputs differ from AR's by design: `lossless` is defined at temperature 0
+        for metrics in summary.values():
+            del metrics["lossless"]
     for scope, metrics in summary.items():
         log.emit("metrics", metrics, scope=scope, step=0)
     _write_artifacts(spec, log, methods, summary, totals, generations)
