@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 
 from orchestrator import PROJECT_ROOT
+from orchestrator.commands import cancel_run, list_runs
 from orchestrator.display import LiveProgress, summary_table
 from orchestrator.gitinfo import git_info
 from orchestrator.interrupt import CtrlC
@@ -83,15 +84,31 @@ def run_job(cfg: DictConfig) -> int:
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
-    client = connect(config["tracking"])
     host = config["host"]
-    store = StateStore(Path(config["orchestrator"]["state_dir"]))
-    if config["attach"]:
+    if config["list"]:
+        transport = make_transport(host)
+        transport.open()
         try:
-            experiment_id, state = _attached_state(client, store, host, config["attach"])
+            return list_runs(console, transport, host)
+        finally:
+            transport.close()
+    client = connect(config["tracking"])
+    store = StateStore(Path(config["orchestrator"]["state_dir"]))
+    existing = config["attach"] or config["cancel"]
+    if existing:
+        try:
+            experiment_id, state = _attached_state(client, store, host, existing)
         except ConfigError as exc:
-            print(f"attach: {exc}", file=sys.stderr)
+            print(f"{'attach' if config['attach'] else 'cancel'}: {exc}", file=sys.stderr)
             return 2
+        if config["cancel"]:
+            transport = make_transport(host)
+            transport.open()
+            try:
+                grace = float(config["orchestrator"]["kill_grace_s"])
+                return cancel_run(console, client, transport, experiment_id, state, store, grace)
+            finally:
+                transport.close()
     else:
         experiment_id, run_id = create_job_run(client, config, HydraConfig.get().overrides.task, git_info())
         state = StreamState(run_id=run_id, host=host["name"], run_dir=run_dir_for(host["workdir"], run_id))
@@ -104,6 +121,10 @@ def run_job(cfg: DictConfig) -> int:
         outcome = _launch_and_follow(config, transport, sink, live, ctrl_c)
     if outcome.status == DETACHED:
         transport.close()
+        if config["detach"] and outcome.error is None:  # asked for: launched, not lost
+            command = _mark_detached(client, config, run_id)
+            console.print(f"launched and detached; follow it with:\n  {command}")
+            return 0
         return _leave_detached(console, client, config, run_id, outcome)
     stderr_tail: list[str] = []
     if outcome.stage != "connect":  # past a failed connect there is nothing to fetch
@@ -158,12 +179,18 @@ def _leave_detached(
     console: Console, client: MlflowClient, config: dict[str, Any], run_id: str, outcome: Outcome
 ) -> int:
     """The host stayed out of reach: the worker may well still be running, so the run is not ended."""
-    command = attach_command(config, run_id)
-    client.set_tag(run_id, DETACHED_TAG, "true")
-    client.set_tag(run_id, "attach_command", command)
+    command = _mark_detached(client, config, run_id)
     console.print(f"[yellow]{outcome.error}[/yellow]")
     console.print(f"The run stays RUNNING in MLflow; the worker goes on if it can. Follow it again with:\n  {command}")
     return EXIT_CODES[DETACHED]
+
+
+def _mark_detached(client: MlflowClient, config: dict[str, Any], run_id: str) -> str:
+    """Tag the run as followed by nobody, with the command that follows it again; return that command."""
+    command = attach_command(config, run_id)
+    client.set_tag(run_id, DETACHED_TAG, "true")
+    client.set_tag(run_id, "attach_command", command)
+    return command
 
 
 def attach_command(config: dict[str, Any], run_id: str) -> str:
@@ -202,6 +229,8 @@ def _launch_and_follow(
             write_spec(transport, run_dir, worker_spec(config, sink.state.run_id, run_dir))
             start_worker(transport, run_dir, host["python"] or sys.executable, code_dir, host["env"])
             wait_for_start(transport, run_dir)
+            if config["detach"]:
+                return Outcome(DETACHED, None, "launch")
         stage = "stream"
         poll = float(config["orchestrator"]["poll_interval_s"])
         budget = float(host.get("reconnect_budget_s", 0))

@@ -130,9 +130,16 @@ def resolve_config(cfg: DictConfig) -> dict[str, Any]:
         schemes = " or ".join(f"{s}..." for s in TRACKING_SCHEMES[kind])
         raise ConfigError(f"tracking.uri={uri!r} must start with {schemes} for tracking={kind}")
     _number(container, "seed", minimum=0, integer=True)
-    attach = _get(container, "attach")
-    if attach is not None and not re.fullmatch(r"[0-9a-f]{32}", str(attach)):
-        raise ConfigError(f"attach={attach!r} must be an MLflow run id (32 hexadecimal characters)")
+    for key in ("attach", "cancel"):
+        run_id = _get(container, key)
+        if run_id is not None and not re.fullmatch(r"[0-9a-f]{32}", str(run_id)):
+            raise ConfigError(f"{key}={run_id!r} must be an MLflow run id (32 hexadecimal characters)")
+    for key in ("detach", "list"):
+        if not isinstance(_get(container, key), bool):
+            raise ConfigError(f"{key} must be true or false")
+    chosen = [k for k in ("attach", "cancel", "list", "detach") if container[k] not in (None, False)]
+    if len(chosen) > 1:
+        raise ConfigError(f"{' and '.join(chosen)} cannot be combined: choose one")
     prefill = _number(container, "probe.prefill_tokens", minimum=2, integer=True)
     crop = _number(container, "probe.crop_tokens", minimum=1, integer=True)
     if crop >= prefill:
