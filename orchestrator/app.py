@@ -33,7 +33,7 @@ from orchestrator.launch import (
     write_spec,
 )
 from orchestrator.plots import SUMMARY_FILE, plot_decode_summary
-from orchestrator.preflight import PreflightFailed, run_preflight
+from orchestrator.preflight import PreflightFailed, lease_candidates, run_preflight
 from orchestrator.redaction import redact_url
 from orchestrator.ssh_transport import CONNECTION_ERRORS, SSHTransport
 from orchestrator.state import StateStore, StreamState
@@ -218,7 +218,7 @@ def _launch_and_follow(
         transport.open()
         if not config["attach"]:
             stage = "preflight"
-            run_preflight(transport, host, config["model"], host["python"] or sys.executable)
+            report = run_preflight(transport, host, config["model"], host["python"] or sys.executable)
             stage = "sync"
             if host["kind"] == "ssh":
                 code_dir, copied = sync_code(transport, host["workdir"])
@@ -227,7 +227,8 @@ def _launch_and_follow(
                 code_dir = str(PROJECT_ROOT)
             stage = "launch"
             write_spec(transport, run_dir, worker_spec(config, sink.state.run_id, run_dir))
-            start_worker(transport, run_dir, host["python"] or sys.executable, code_dir, host["env"])
+            gpus, locks = lease_candidates(host, report), posixpath.join(host["workdir"], "locks")
+            start_worker(transport, run_dir, host["python"] or sys.executable, code_dir, host["env"], gpus, locks)
             wait_for_start(transport, run_dir)
             if config["detach"]:
                 return Outcome(DETACHED, None, "launch")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import posixpath
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,11 +19,24 @@ from orchestrator.transport import Transport
 SPEC_FILE = "spec.json"
 PID_FILE = "pid"
 EXIT_CODE_FILE = "exit_code"
+LEASE_FILE = "gpu_lease"  # "<gpu index> <unix time the lease began>"
+WAITING_FILE = "waiting_for_gpu"
 STDOUT_FILE = "stdout.log"
 STDERR_FILE = "stderr.log"
 
 # Fixed scripts: every value reaches them as a positional argument, never spliced into the text.
-_SUPERVISE = 'echo $$ > pid; "$@"; echo $? > exit_code.part; mv exit_code.part exit_code'
+# The supervisor leases a GPU first when given candidates ($1, space-separated; locks in $2): `flock` on
+# locks/gpu<N>.lock through fd 9, which the worker inherits, so the lease lasts exactly as long as the
+# worker's process group, however it ends. No free GPU: it waits, and says so in a file the status reads.
+_SUPERVISE = (
+    "echo $$ > pid; gpus=$1; locks=$2; shift 2; "
+    'if [ -n "$gpus" ]; then mkdir -p "$locks"; lease=; '
+    'while [ -z "$lease" ]; do for g in $gpus; do exec 9>"$locks/gpu$g.lock"; '
+    "if flock -n 9; then lease=$g; break; fi; exec 9>&-; done; "
+    f'[ -n "$lease" ] || {{ echo "$gpus" > {WAITING_FILE}; sleep 1; }}; done; '
+    f'rm -f {WAITING_FILE}; echo "$lease $(date +%s.%N)" > {LEASE_FILE}; export CUDA_VISIBLE_DEVICES=$lease; fi; '
+    '"$@"; echo $? > exit_code.part; mv exit_code.part exit_code'
+)
 _DETACH = (
     'cd "$1" || exit 1; shift; '
     f"setsid sh -c '{_SUPERVISE}' worker \"$@\" < /dev/null > {STDOUT_FILE} 2> {STDERR_FILE} &"
@@ -31,7 +44,8 @@ _DETACH = (
 _STATUS = (
     'cd "$1" 2>/dev/null || { echo missing; exit 0; }; '
     f"if [ -f {EXIT_CODE_FILE} ]; then echo exited $(cat {EXIT_CODE_FILE}); "
-    f'elif [ -f {PID_FILE} ] && kill -0 -"$(cat {PID_FILE})" 2>/dev/null; then echo running $(cat {PID_FILE}); '
+    f'elif [ -f {PID_FILE} ] && kill -0 -"$(cat {PID_FILE})" 2>/dev/null; then '
+    f"if [ -f {WAITING_FILE} ]; then echo waiting $(cat {PID_FILE}); else echo running $(cat {PID_FILE}); fi; "
     f"elif [ -f {PID_FILE} ]; then echo vanished $(cat {PID_FILE}); "
     "else echo starting; fi"
 )
@@ -39,7 +53,7 @@ _STATUS = (
 
 @dataclass(frozen=True)
 class WorkerStatus:
-    """`state` is one of starting, running, exited, vanished, missing."""
+    """`state` is one of starting, waiting (for a GPU), running, exited, vanished, missing."""
 
     state: str
     pid: int | None = None
@@ -47,7 +61,7 @@ class WorkerStatus:
 
     @property
     def alive(self) -> bool:
-        return self.state in ("starting", "running")
+        return self.state in ("starting", "waiting", "running")
 
     def describe(self) -> str:
         if self.state == "exited" and self.exit_code is not None:
@@ -72,10 +86,21 @@ def write_spec(transport: Transport, run_dir: str, spec: Mapping[str, Any]) -> N
     transport.write_file(posixpath.join(run_dir, SPEC_FILE), data, 0o600)
 
 
-def start_worker(transport: Transport, run_dir: str, python: str, code_dir: str, env: Mapping[str, str]) -> None:
-    """Launch `python -m remote_worker run spec.json` detached in `run_dir`; returns at once."""
+def start_worker(
+    transport: Transport,
+    run_dir: str,
+    python: str,
+    code_dir: str,
+    env: Mapping[str, str],
+    gpus: Sequence[int] = (),
+    locks_dir: str = "",
+) -> None:
+    """Launch `python -m remote_worker run spec.json` detached in `run_dir`; returns at once.
+
+    With `gpus`, the worker first leases one of them (a lock in `locks_dir`) and sees only that one."""
     worker_env = [f"{key}={value}" for key, value in env.items()] + [f"PYTHONPATH={code_dir}"]
-    argv = ["sh", "-c", _DETACH, "launch", run_dir, "env", *worker_env]
+    candidates = " ".join(str(int(g)) for g in gpus)
+    argv = ["sh", "-c", _DETACH, "launch", run_dir, candidates, locks_dir, "env", *worker_env]
     argv += [python, "-m", "remote_worker", "run", SPEC_FILE]
     transport.run(argv)
 
@@ -111,7 +136,7 @@ def _wait_until_gone(transport: Transport, group: str, timeout_s: float) -> bool
 def stop_worker(transport: Transport, run_dir: str, grace_s: float) -> WorkerStatus:
     """SIGTERM the worker's process group, then SIGKILL it after `grace_s`; return the final status."""
     status = worker_status(transport, run_dir)
-    if status.state != "running" or status.pid is None:
+    if status.state not in ("running", "waiting") or status.pid is None:
         return status
     group = f"-{status.pid}"  # `kill -SIG -PGID` (no `--`: dash's builtin kill rejects it)
     transport.run(["kill", "-TERM", group], check=False)

@@ -52,4 +52,14 @@ def run_preflight(transport: Transport, host: dict[str, Any], model: dict[str, A
         raise PreflightFailed(f"{name}: only {report['workdir_free_gib']} GiB free for host.workdir {host['workdir']}")
     if model["device"] == "cuda" and not report["gpus"]:
         raise PreflightFailed(f"{name}: model.device=cuda but torch sees no GPU there (CUDA {report['cuda']})")
+    if lease_candidates(host, report) and not report.get("flock"):
+        raise PreflightFailed(f"{name}: GPU leases need the flock command (util-linux) on the host")
     return report
+
+
+def lease_candidates(host: dict[str, Any], report: dict[str, Any]) -> list[int]:
+    """The GPUs a run may lease: host.gpus, with `auto` meaning every GPU the preflight saw."""
+    gpus = host.get("gpus", "none")
+    if gpus == "auto":
+        return [int(g["index"]) for g in report["gpus"]]
+    return [] if gpus == "none" else [int(g) for g in gpus]

@@ -78,12 +78,16 @@ def follow(
     is lost or applied twice; past `reconnect_budget_s` without the host, HostUnreachable is raised.
     """
     reconnect = _Reconnect(transport, reconnect_budget_s, note)
+    said_waiting = False
     while True:
         check_interrupt()
         try:
             if drain(transport, sink, show) and sink.end is not None:
                 return None
             status = worker_status(transport, sink.state.run_dir)
+            if status.state == "waiting" and not said_waiting:
+                note(f"[yellow]every GPU of {transport.name} is leased; waiting for one to be free[/yellow]")
+                said_waiting = True
             if not status.alive:
                 # The last events may have landed between the read above and the status check.
                 drain(transport, sink, show)

@@ -76,6 +76,10 @@ def _number(cfg: dict[str, Any], key: str, *, minimum: float, integer: bool = Fa
     return value
 
 
+def _index(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
@@ -89,9 +93,6 @@ def _check_ssh_host(container: dict[str, Any]) -> None:
     port = _get(container, "host.port")
     if port is not None and (not _positive_int(port) or port > 65535):
         raise ConfigError(f"host.port={port!r} must be a port number (1-65535) or null")
-    gpus = _get(container, "host.gpus")
-    if gpus not in ("auto", "none") and not (isinstance(gpus, list) and all(isinstance(g, int) for g in gpus)):
-        raise ConfigError(f"host.gpus={gpus!r} must be auto, none or a list of GPU indices")
     for key in ("host.connect_timeout_s", "host.keepalive_s"):
         if _number(container, key, minimum=0) == 0:
             raise ConfigError(f"{key} must be > 0")
@@ -110,6 +111,9 @@ def resolve_config(cfg: DictConfig) -> dict[str, Any]:
     assert isinstance(container, dict)
     if _choice(container, "host.kind", HOST_KINDS) == "ssh":
         _check_ssh_host(container)
+    gpus = _get(container, "host.gpus")
+    if gpus not in ("auto", "none") and not (isinstance(gpus, list) and all(_index(g) for g in gpus)):
+        raise ConfigError(f"host.gpus={gpus!r} must be auto, none or a list of GPU indices")
     if not str(_get(container, "host.workdir")).startswith("/"):
         raise ConfigError(f"host.workdir={_get(container, 'host.workdir')!r} must be an absolute path")
     python = _get(container, "host.python")

@@ -35,6 +35,7 @@ def preflight(workdir: str, paths: dict[str, str]) -> dict[str, Any]:
         "numpy": _version("numpy"),
         "gpus": [],
         "cuda": None,
+        "flock": shutil.which("flock") is not None,
     }
     if report["torch"]:
         import torch

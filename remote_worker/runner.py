@@ -18,7 +18,10 @@ def run(spec_path: Path) -> int:
     """Return the process exit code: 0 finished, 1 failed, 128+N stopped by signal N."""
     run_dir = spec_path.resolve().parent
     log = EventLog(run_dir)
-    log.emit("start", {"pid": os.getpid(), "spec": spec_path.name})
+    start = {"pid": os.getpid(), "spec": spec_path.name}
+    if "CUDA_VISIBLE_DEVICES" in os.environ:  # the GPU lease the supervisor took for this worker
+        start["cuda_visible_devices"] = os.environ["CUDA_VISIBLE_DEVICES"]
+    log.emit("start", start)
     try:
         spec = load_spec(spec_path)
         log.emit("env", environment_tags(probe_environment()))

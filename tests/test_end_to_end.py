@@ -83,7 +83,8 @@ def children_of(pid: int) -> list[int]:
 
 
 def test_probe_run_is_tracked_completely(mlflow_server: MlflowServer, job_paths: JobPaths, tmp_path: Path) -> None:
-    result = run_orchestrator(server_args(mlflow_server, job_paths, "experiment=probe"), cwd=tmp_path)
+    # host.gpus=[0]: the run leases GPU slot 0 (a lock, CUDA_VISIBLE_DEVICES) even on a machine without one
+    result = run_orchestrator(server_args(mlflow_server, job_paths, "experiment=probe", "host.gpus=[0]"), cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     run_dir = only_run_dir(job_paths)
     run_id = run_dir.name
@@ -107,6 +108,7 @@ def test_probe_run_is_tracked_completely(mlflow_server: MlflowServer, job_paths:
     assert run.data.metrics["probe.hybrid_cache.tree_verify_max_abs_diff"] < 1e-5
     assert run.data.metrics["probe.hybrid_cache.commit_logits_max_abs_diff"] < 1e-5
     assert tags["worker.status"] == "FINISHED"
+    assert tags["worker.gpu"] == "0"
 
     artifacts = {a.path for a in client.list_artifacts(run_id)}
     assert {"config.yaml", "probe.json", "events.jsonl", "stderr.log"} <= artifacts

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import stat
@@ -10,6 +11,7 @@ from pathlib import Path
 
 from orchestrator.launch import (
     EXIT_CODE_FILE,
+    LEASE_FILE,
     PID_FILE,
     SPEC_FILE,
     start_worker,
@@ -100,3 +102,25 @@ def test_a_group_killed_outright_is_reported_as_vanished(tmp_path: Path) -> None
     gone = worker_status(transport, str(run_dir))
     assert gone.state == "vanished"
     assert "without writing an exit code" in gone.describe()
+
+
+def test_gpu_leases_are_never_shared_and_a_third_job_waits(tmp_path: Path) -> None:
+    """Two GPU slots, three jobs at once: each job holds one slot for its whole life; the third waits."""
+    python = fake_python(tmp_path, 'echo "$CUDA_VISIBLE_DEVICES $(date +%s.%N)" > used; sleep 1.5; date +%s.%N >> used')
+    run_dirs = [tmp_path / f"run{i}" for i in range(3)]
+    for run_dir in run_dirs:
+        write_spec(transport, str(run_dir), {})
+        start_worker(transport, str(run_dir), python, "/code", {}, gpus=[0, 1], locks_dir=str(tmp_path / "locks"))
+    saw_waiting = wait_until(lambda: any(worker_status(transport, str(d)).state == "waiting" for d in run_dirs))
+    assert all(wait_until(lambda d=d: (d / EXIT_CODE_FILE).exists(), timeout=30) for d in run_dirs)
+    intervals = []
+    for run_dir in run_dirs:
+        gpu, start, end = (run_dir / "used").read_text().split()
+        lease_gpu, _ = (run_dir / LEASE_FILE).read_text().split()
+        assert gpu == lease_gpu
+        intervals.append((gpu, float(start), float(end)))
+    for (gpu_a, start_a, end_a), (gpu_b, start_b, end_b) in itertools.combinations(intervals, 2):
+        if gpu_a == gpu_b:
+            assert end_a <= start_b or end_b <= start_a, "two jobs held one GPU at the same time"
+    assert {gpu for gpu, _, _ in intervals} == {"0", "1"}
+    assert saw_waiting, "with both slots taken the third job reports that it waits"

@@ -98,6 +98,8 @@ class MlflowSink:
         pending = self._pending[run_id]
         if event.kind == "start":
             pending.tags["worker.pid"] = str(data.get("pid", ""))
+            if "cuda_visible_devices" in data:
+                pending.tags["worker.gpu"] = str(data["cuda_visible_devices"])
         elif event.kind == "env":
             pending.tags.update({k: str(v) for k, v in redact(data).items()})
         elif event.kind == "params":
