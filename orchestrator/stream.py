@@ -82,8 +82,12 @@ def follow(
     while True:
         check_interrupt()
         try:
-            if drain(transport, sink, show) and sink.end is not None:
-                return None
+            if drain(transport, sink, show):
+                reconnect.succeeded()
+                if sink.end is not None:
+                    return None
+                time.sleep(poll_interval_s)
+                continue  # events are flowing, so the worker is alive: no need to ask
             status = worker_status(transport, sink.state.run_dir)
             if status.state == "waiting" and not said_waiting:
                 note(f"[yellow]every GPU of {transport.name} is leased; waiting for one to be free[/yellow]")
