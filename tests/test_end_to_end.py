@@ -166,13 +166,18 @@ def test_missing_model_directory_is_a_preflight_failure(
     assert any(r.data.tags["error"] == f"local: model.path {missing} is missing or has no config.json" for r in failed)
 
 
+def launched_supervisor(job_paths: JobPaths) -> tuple[Path, int]:
+    """Once the worker is launched: its pid file and its supervisor's pid (the process group id)."""
+    pid_file = wait_for(lambda: next(iter(job_paths.workdir.glob("runs/*/pid")), None), 120, "the worker's pid")
+    return pid_file, int(wait_for(lambda: pid_file.read_text().strip(), 10, "pid file content"))
+
+
 def test_worker_killed_by_sigkill_gives_failed_run(
     mlflow_server: MlflowServer, job_paths: JobPaths, tmp_path: Path
 ) -> None:
     process = start_orchestrator(server_args(mlflow_server, job_paths), cwd=tmp_path)
     try:
-        pid_file = wait_for(lambda: next(iter(job_paths.workdir.glob("runs/*/pid")), None), 120, "the worker's pid")
-        supervisor = int(wait_for(lambda: pid_file.read_text().strip(), 10, "pid file content"))
+        pid_file, supervisor = launched_supervisor(job_paths)
         worker = wait_for(lambda: children_of(supervisor), 10, "the worker process")[0]
         os.kill(worker, signal.SIGKILL)
         stdout, stderr = process.communicate(timeout=120)
@@ -193,8 +198,7 @@ def test_ctrl_c_stops_the_worker_and_ends_the_run_killed(
 ) -> None:
     process = start_orchestrator(server_args(mlflow_server, job_paths), cwd=tmp_path)
     try:
-        pid_file = wait_for(lambda: next(iter(job_paths.workdir.glob("runs/*/pid")), None), 120, "the worker's pid")
-        supervisor = int(wait_for(lambda: pid_file.read_text().strip(), 10, "pid file content"))
+        pid_file, supervisor = launched_supervisor(job_paths)
         process.send_signal(signal.SIGINT)
         stdout, stderr = process.communicate(timeout=60)
     finally:
