@@ -35,7 +35,7 @@ from orchestrator.launch import (
 from orchestrator.plots import SUMMARY_FILE, plot_decode_summary
 from orchestrator.preflight import PreflightFailed, lease_candidates, run_preflight
 from orchestrator.redaction import redact_url
-from orchestrator.ssh_transport import CONNECTION_ERRORS, SSHTransport
+from orchestrator.ssh_transport import CONNECTION_ERRORS, ConnectFailed, HostKeyRefused, SSHTransport
 from orchestrator.state import StateStore, StreamState
 from orchestrator.stream import HostUnreachable, drain, follow, wait_for_exit
 from orchestrator.sync import sync_code
@@ -220,8 +220,8 @@ def _launch_and_follow(
             stage = "preflight"
             report = run_preflight(transport, host, config["model"], host["python"] or sys.executable)
             stage = "sync"
-            if host["kind"] == "ssh":
-                code_dir, copied = sync_code(transport, host["workdir"])
+            if isinstance(transport, SSHTransport):
+                code_dir, copied = sync_code(transport, host["workdir"], method=host["sync"])
                 live.note(f"code snapshot {code_dir} ({'copied' if copied else 'already on the host'})")
             else:
                 code_dir = str(PROJECT_ROOT)
@@ -252,6 +252,8 @@ def _launch_and_follow(
         return Outcome("KILLED", "interrupted by the user (Ctrl-C)", stage)
     except PreflightFailed as exc:
         return Outcome("FAILED", str(exc), stage)
+    except (ConnectFailed, HostKeyRefused) as exc:
+        return Outcome("FAILED", f"{host['name']}: {exc}", stage)
     except Exception as exc:  # noqa: BLE001 - any failure ends the run FAILED, with the worker stopped
         if stage in ("launch", "stream"):
             with contextlib.suppress(Exception):

@@ -33,6 +33,25 @@ class HostKeyRefused(paramiko.SSHException):
     """The host's key is not in known_hosts and the host config does not accept new keys."""
 
 
+class ConnectFailed(paramiko.SSHException):
+    """No SSH session could be opened; the message names the host setting to look at."""
+
+
+def _connect_failure(host: Mapping[str, Any], error: Exception) -> ConnectFailed:
+    where = f"{host['hostname']}:{host.get('port') or 22}"
+    if isinstance(error, paramiko.AuthenticationException):
+        user = host.get("user") or "the default user"
+        return ConnectFailed(f"{where} refused {user} ({error}); check host.user and host.identity_file")
+    if isinstance(error, paramiko.ssh_exception.NoValidConnectionsError):
+        reasons = sorted({e.strerror or str(e) for e in error.errors.values()})
+        return ConnectFailed(f"cannot reach {where} ({'; '.join(reasons)}); check host.hostname and host.port")
+    if isinstance(error, TimeoutError):
+        return ConnectFailed(f"no answer from {where} within {host['connect_timeout_s']}s (host.connect_timeout_s)")
+    if isinstance(error, socket.gaierror):
+        return ConnectFailed(f"cannot resolve {host['hostname']} ({error.strerror}); check host.hostname")
+    return ConnectFailed(f"cannot connect to {where}: {type(error).__name__}: {error}")
+
+
 class _RefuseUnknown(paramiko.MissingHostKeyPolicy):
     def __init__(self, known_hosts: Path, port: int) -> None:
         self.known_hosts, self.port = known_hosts, port
@@ -95,6 +114,25 @@ def _check_host_keys(connection: Connection, host: Mapping[str, Any]) -> None:
     client.set_missing_host_key_policy(policy)
 
 
+def _detect_dead_links(connection: Connection, host: Mapping[str, Any]) -> None:
+    """Keepalives every `keepalive_s`, and the connection closed after `keepalive_count_max` go unanswered.
+
+    paramiko sends keepalives but never gives up on a silent peer: over a cut link every read would block
+    forever. Like OpenSSH's ServerAliveInterval/ServerAliveCountMax, the connection must die instead; here
+    the kernel does it (TCP_USER_TIMEOUT: unacknowledged data past the limit resets the socket), and every
+    blocked command or SFTP read then fails with a connection error the follower reconnects from.
+    """
+    transport = connection.client.get_transport()
+    if transport is None:
+        return
+    interval = float(host["keepalive_s"])
+    transport.set_keepalive(max(1, round(interval)))
+    sock = transport.sock
+    if isinstance(sock, socket.socket) and hasattr(socket, "TCP_USER_TIMEOUT"):
+        limit_ms = int(interval * int(host["keepalive_count_max"]) * 1000)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, limit_ms)
+
+
 class SSHTransport:
     def __init__(self, host: Mapping[str, Any]) -> None:
         self.name = host["name"]
@@ -105,10 +143,15 @@ class SSHTransport:
     # -- connection --------------------------------------------------------------------------------
 
     def open(self) -> None:
-        self._connection.open()
-        transport = self._connection.client.get_transport()
-        if transport is not None:
-            transport.set_keepalive(int(self.host["keepalive_s"]))
+        try:
+            self._connection.open()
+        except HostKeyRefused:
+            raise
+        except CONNECTION_ERRORS as error:
+            raise _connect_failure(self.host, error) from error
+        _detect_dead_links(self._connection, self.host)
+        if isinstance(self._connection.gateway, Connection):
+            _detect_dead_links(self._connection.gateway, self.host)
 
     def reconnect(self) -> None:
         self.close()
@@ -117,7 +160,8 @@ class SSHTransport:
 
     def _sftp_client(self) -> paramiko.SFTPClient:
         if self._sftp is None:
-            self.open()
+            if not self._connection.is_connected:
+                self.open()
             self._sftp = self._connection.sftp()
         return self._sftp
 
@@ -128,9 +172,40 @@ class SSHTransport:
             self._sftp = None
         self._connection.close()
 
+    def openssh_command(self) -> list[str]:
+        """The OpenSSH client command for tools that bring their own transport (rsync), with the same
+        user, port, key, host-key policy, gateway and keepalives as this connection; never prompting."""
+        host = self.host
+        argv = [
+            "ssh",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            f"ConnectTimeout={max(1, round(float(host['connect_timeout_s'])))}",
+            "-o",
+            f"ServerAliveInterval={max(1, round(float(host['keepalive_s'])))}",
+            "-o",
+            f"ServerAliveCountMax={int(host['keepalive_count_max'])}",
+            "-o",
+            f"UserKnownHostsFile={os.path.expanduser(host['known_hosts'])}",
+            "-o",
+            f"StrictHostKeyChecking={'accept-new' if host.get('accept_new_host_key') else 'yes'}",
+        ]
+        if host.get("port"):
+            argv += ["-p", str(host["port"])]
+        if host.get("user"):
+            argv += ["-l", str(host["user"])]
+        if host.get("identity_file"):
+            argv += ["-i", os.path.expanduser(host["identity_file"]), "-o", "IdentitiesOnly=yes"]
+        if host.get("proxy_jump"):
+            argv += ["-J", str(host["proxy_jump"])]
+        return argv
+
     # -- the Transport interface -----------------------------------------------------------------------
 
     def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, check: bool = True) -> CommandResult:
+        if not self._connection.is_connected:
+            self.open()  # ours, not Fabric's implicit one: keepalives and the dead-link limit must apply
         command = shlex.join(["env", *(f"{k}={v}" for k, v in (env or {}).items()), *argv] if env else argv)
         result = self._connection.run(command, hide=True, warn=True, in_stream=False, pty=False)
         if result.exited == -1:  # paramiko's "no exit status": the connection went away mid-command

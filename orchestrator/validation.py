@@ -12,6 +12,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from orchestrator.sync import SYNC_METHODS
 from remote_worker.spec import DEVICES, DTYPES, EXPERIMENT_NAMES, MODEL_SOURCES
 
 HOST_KINDS = ("local", "ssh")
@@ -96,7 +97,11 @@ def _check_ssh_host(container: dict[str, Any]) -> None:
     for key in ("host.connect_timeout_s", "host.keepalive_s"):
         if _number(container, key, minimum=0) == 0:
             raise ConfigError(f"{key} must be > 0")
+    count = _get(container, "host.keepalive_count_max")
+    if not _positive_int(count):
+        raise ConfigError(f"host.keepalive_count_max={count!r} must be a whole number >= 1")
     _number(container, "host.reconnect_budget_s", minimum=0)
+    _choice(container, "host.sync", SYNC_METHODS)
     if not isinstance(_get(container, "host.accept_new_host_key"), bool):
         raise ConfigError("host.accept_new_host_key must be true or false")
 

@@ -1,4 +1,4 @@
-"""A real OpenSSH server on 127.0.0.1 for the tests: generated host and client keys, its own known_hosts."""
+"""A real OpenSSH server (on 127.0.0.1 unless told otherwise) for the tests: generated host and client keys, its own known_hosts."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,7 @@ SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
 @dataclass(frozen=True)
 class SSHServer:
+    address: str
     port: int
     user: str
     client_key: Path
@@ -29,6 +31,7 @@ class SSHServer:
         """Hydra overrides pointing host=localhost_ssh at this server."""
         return [
             "host=localhost_ssh",
+            f"host.hostname={self.address}",
             f"host.port={self.port}",
             f"host.user={self.user}",
             f"host.identity_file={self.client_key}",
@@ -60,7 +63,8 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_sshd(root: Path) -> SSHServer:
+def start_sshd(root: Path, address: str = "127.0.0.1", prefix: Sequence[str] = ()) -> SSHServer:
+    """Start sshd listening on `address`; `prefix` wraps the command (e.g. `ip netns exec NS`)."""
     root.mkdir(parents=True, exist_ok=True)
     os.chmod(root, 0o700)
     _keygen(root / "host_key")
@@ -74,7 +78,7 @@ def start_sshd(root: Path) -> SSHServer:
         "\n".join(
             [
                 f"Port {port}",
-                "ListenAddress 127.0.0.1",
+                f"ListenAddress {address}",
                 f"HostKey {root / 'host_key'}",
                 f"PidFile {root / 'sshd.pid'}",
                 f"AuthorizedKeysFile {root / 'authorized_keys'}",
@@ -95,19 +99,19 @@ def start_sshd(root: Path) -> SSHServer:
     Path("/run/sshd").mkdir(exist_ok=True)  # privilege separation directory
     host_public_key = (root / "host_key.pub").read_text().split()
     known_hosts = root / "known_hosts"
-    known_hosts.write_text(f"[127.0.0.1]:{port} {host_public_key[0]} {host_public_key[1]}\n")
+    known_hosts.write_text(f"[{address}]:{port} {host_public_key[0]} {host_public_key[1]}\n")
     log = (root / "sshd.log").open("wb")
-    process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT)
+    process = subprocess.Popen([*prefix, SSHD, "-D", "-e", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 20
     while True:
         with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
+            if sock.connect_ex((address, port)) == 0:
                 break
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
             raise RuntimeError(f"sshd did not start: {(root / 'sshd.log').read_text()[-2000:]}")
         time.sleep(0.05)
-    return SSHServer(port, user, root / "client_key", known_hosts, " ".join(host_public_key[:2]), process)
+    return SSHServer(address, port, user, root / "client_key", known_hosts, " ".join(host_public_key[:2]), process)
 
 
 def stop_sshd(server: SSHServer) -> None:

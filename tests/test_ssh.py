@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 from orchestrator import PROJECT_ROOT
 from orchestrator.ssh_transport import HostKeyRefused, SSHTransport
 from orchestrator.sync import COMPLETE_MARK, sync_code
-from tests.conftest import MlflowServer, run_orchestrator, start_orchestrator
+from tests.conftest import MlflowServer, free_port, run_orchestrator, start_orchestrator
 from tests.sshd import SSHServer
 from tests.test_end_to_end import mlflow_metrics, worker_metrics_for
 
@@ -42,6 +42,8 @@ def host_config(server: SSHServer, workdir: Path, **changes: object) -> dict:
         "gpus": "none",
         "connect_timeout_s": 10,
         "keepalive_s": 2,
+        "keepalive_count_max": 3,
+        "sync": "auto",
         "reconnect_budget_s": 30,
     }
     config.update(changes)
@@ -88,23 +90,33 @@ def test_decode_sweep_over_ssh(sshd: SSHServer, mlflow_server: MlflowServer, tmp
     assert all(c.data.metrics["lossless"] == 1.0 for c in children)
 
 
-def test_unchanged_tree_copies_nothing_and_a_change_makes_a_new_snapshot(sshd: SSHServer, tmp_path: Path) -> None:
+@pytest.mark.parametrize("method", ["rsync", "tar"])
+def test_unchanged_tree_copies_nothing_and_a_change_makes_a_new_snapshot(
+    sshd: SSHServer, tmp_path: Path, method: str
+) -> None:
     tree = tmp_path / "checkout"
     shutil.copytree(
         PROJECT_ROOT / "remote_worker", tree / "remote_worker", ignore=shutil.ignore_patterns("__pycache__")
     )
     transport = SSHTransport(host_config(sshd, tmp_path / "remote"))
+    remote = str(tmp_path / "remote")
     try:
-        first, copied = sync_code(transport, str(tmp_path / "remote"), root=tree)
+        first, copied = sync_code(transport, remote, root=tree, method=method)
         assert copied
-        again, copied_again = sync_code(transport, str(tmp_path / "remote"), root=tree)
+        again, copied_again = sync_code(transport, remote, root=tree, method=method)
         assert (again, copied_again) == (first, False)
         before = (Path(first) / "remote_worker" / "runner.py").read_text()
         (tree / "remote_worker" / "runner.py").write_text(before + "\n# changed\n")
-        changed, copied_changed = sync_code(transport, str(tmp_path / "remote"), root=tree)
+        changed, copied_changed = sync_code(transport, remote, root=tree, method=method)
         assert copied_changed and changed != first
         assert (Path(first) / "remote_worker" / "runner.py").read_text() == before, "a snapshot never changes"
         assert (Path(changed) / "remote_worker" / "runner.py").read_text().endswith("# changed\n")
+        assert sorted(p.name for p in (tmp_path / "remote" / "code").iterdir()) == sorted(
+            [Path(first).name, Path(changed).name]
+        ), "no partial folder or archive is left behind"
+        unchanged = Path("remote_worker") / "events.py"
+        shared = (Path(first) / unchanged).stat().st_ino == (Path(changed) / unchanged).stat().st_ino
+        assert shared == (method == "rsync"), "rsync hard-links unchanged files from the previous snapshot"
     finally:
         transport.close()
 
@@ -125,6 +137,37 @@ def test_unknown_host_key_is_refused_with_instructions(
         "tags.failure_stage = 'connect'",
     )
     assert any("unknown host key" in r.data.tags["error"] for r in runs)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("host.user=nobody-here", "refused nobody-here"),
+        ("host.port={free_port}", "cannot reach 127.0.0.1:{free_port} (Connection refused)"),
+    ],
+)
+def test_connection_failures_are_one_clear_line_and_leave_nothing(
+    sshd: SSHServer, mlflow_server: MlflowServer, tmp_path: Path, override: str, message: str
+) -> None:
+    port = free_port()
+    workdir = tmp_path / "remote"
+    args = ssh_args(sshd, mlflow_server, workdir, tmp_path / "state", "experiment=probe", "host.connect_timeout_s=5")
+    started = time.monotonic()
+    result = run_orchestrator([*args, override.format(free_port=port)], tmp_path)
+    assert time.monotonic() - started < 30
+    assert result.returncode == 1
+    assert message.format(free_port=port) in " ".join(result.stdout.split())
+    assert not workdir.exists()
+    client = MlflowClient(tracking_uri=mlflow_server.uri)
+    (run,) = [
+        r
+        for r in client.search_runs(
+            [e.experiment_id for e in client.search_experiments()], "tags.failure_stage = 'connect'"
+        )
+        if message.format(free_port=port) in r.data.tags["error"]
+    ]
+    assert run.info.status == "FAILED"
+    assert run.data.tags["error"].startswith("localhost_ssh: ") and "\n" not in run.data.tags["error"]
 
 
 def test_accept_new_remembers_a_first_seen_key(sshd: SSHServer, tmp_path: Path) -> None:

@@ -75,6 +75,8 @@ def test_bad_values_give_one_line_naming_the_key(override: str, message: str) ->
         (["host.python=python3"], "host.python='python3' must be the absolute path of the host's Python"),
         (["host.gpus=some"], "host.gpus='some' must be auto, none or a list of GPU indices"),
         (["host.keepalive_s=0"], "host.keepalive_s must be > 0"),
+        (["host.keepalive_count_max=0"], "host.keepalive_count_max=0 must be a whole number >= 1"),
+        (["host.sync=scp"], "host.sync='scp' is not one of: auto, rsync, tar"),
         (["host.accept_new_host_key=maybe"], "host.accept_new_host_key must be true or false"),
     ],
 )
