@@ -1,10 +1,7 @@
-"""`make bench`: the worker's figures, each a median of repeated runs, ratios measured side by side.
+"""`make bench`: the worker's and the orchestrator's figures, each a median of repeated runs.
 
-1. Verify cost: a DDTree-shaped tree of N nodes against a chain of N tokens (N = 16, 64) on tiny_hybrid,
-   after a 128-token prefill; the two are timed alternately so machine noise hits both alike.
-2. Commit share: the share of a DDTree round (draft, tree build, verify, commit) spent in commit.
-
-Writes bench/results/bench.json and bench/results/bench.md (the table the README shows).
+Ratios are measured side by side in one run. Writes bench/results/bench.json and bench/results/bench.md
+(the table the README shows).
 """
 
 from __future__ import annotations
@@ -12,97 +9,70 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import time
 from pathlib import Path
 
 import torch
 
-from remote_worker.cache.tree import Tree
-from remote_worker.decoding.loop import decode
-from remote_worker.decoding.tree_build import best_first_tree
-from remote_worker.models.loading import load_drafter, load_model
-from remote_worker.models.target import TargetModel
-from remote_worker.prompts import encode, load_prompts
-from tests.tiny_models import model_spec
+from bench.orchestrator_figures import orchestrator_figures
+from bench.worker_figures import worker_figures
 
 RESULTS = Path(__file__).parent / "results"
 
 
-def timed(work) -> float:
-    start = time.perf_counter()
-    work()
-    return time.perf_counter() - start
-
-
-def verify_cost(target: TargetModel, nodes: int, repeats: int, seed: int) -> dict[str, float]:
-    generator = torch.Generator().manual_seed(seed)
-    vocab = target.embed.num_embeddings
-    cache = target.new_cache()
-    target.prefill(cache, torch.randint(0, vocab, (128,), generator=generator))
-    chain = Tree.chain(torch.randint(0, vocab, (nodes,), generator=generator))
-    # A tree shaped like DDTree's: best-first over peaked per-position distributions, 15 positions deep.
-    log_probs = torch.log_softmax(torch.randn(15, vocab, generator=generator) * 3, dim=-1)
-    tree = best_first_tree(int(chain.tokens[0]), log_probs, budget=nodes - 1).tree
-    assert tree.size == chain.size == nodes
-    chain_times, tree_times = [], []
-    for _ in range(3):  # warm-up
-        target.verify(cache, chain)
-        target.verify(cache, tree)
-    for _ in range(repeats):
-        chain_times.append(timed(lambda: target.verify(cache, chain)))
-        tree_times.append(timed(lambda: target.verify(cache, tree)))
-    chain_ms, tree_ms = 1000 * statistics.median(chain_times), 1000 * statistics.median(tree_times)
-    return {
-        "nodes": nodes,
-        "tree_depth": int(tree.depths.max()),
-        "chain_ms": chain_ms,
-        "tree_ms": tree_ms,
-        "tree_over_chain": tree_ms / chain_ms,
-    }
-
-
-def commit_share(name: str, budget: int, repeats: int) -> dict[str, float]:
-    spec = model_spec(name, "float32")
-    model = load_model(spec, seed=0)
-    target, drafter = TargetModel(model), load_drafter(spec, seed=0, target=model)
-    prompts = [encode(p, None, target.embed.num_embeddings) for p in load_prompts(None, None)]
-    shares, commit_ms = [], []
-    for _ in range(repeats):
-        stages = dict.fromkeys(("draft", "tree_build", "verify", "commit"), 0.0)
-        rounds = 0
-        for prompt in prompts:
-            result = decode(target, prompt, method="ddtree", max_new_tokens=48, drafter=drafter, budget=budget)
-            for stage, seconds in result.stage_seconds.items():
-                stages[stage] += seconds
-            rounds += result.rounds
-        shares.append(stages["commit"] / sum(stages.values()))
-        commit_ms.append(1000 * stages["commit"] / rounds)
-    return {
-        "model": name,
-        "tree_budget": budget,
-        "commit_share": statistics.median(shares),
-        "commit_ms_per_round": statistics.median(commit_ms),
-    }
-
-
-def markdown(results: dict) -> str:
-    lines = [
-        f"Measured by `make bench` on {results['machine']} ({results['date']}), tiny_hybrid, float32, CPU.",
-        "",
-        "| figure | value | aim |",
-        "|---|---|---|",
-    ]
+def _worker_rows(results: dict) -> list[str]:
+    rows = []
     for row in results["verify_cost"]:
-        lines.append(
+        rows.append(
             f"| verify a {row['nodes']}-node tree / a {row['nodes']}-token chain (tree depth {row['tree_depth']}) "
             f"| {row['tree_over_chain']:.2f} ({row['tree_ms']:.2f} ms / {row['chain_ms']:.2f} ms) | ≤ 1.3 |"
         )
     share = results["commit_share"]
-    lines.append(
+    rows.append(
         f"| commit share of a DDTree round (budget {share['tree_budget']}) "
         f"| {100 * share['commit_share']:.1f} % ({share['commit_ms_per_round']:.2f} ms per round) | ≤ 5 % |"
     )
+    return rows
+
+
+def _orchestrator_rows(results: dict) -> list[str]:
+    if "skipped" in results:
+        return [f"| orchestrator figures | skipped: {results['skipped']} | |"]
+    sync, latency, sink = results["sync"], results["event_latency"], results["sink_throughput"]
+    size = f"{sync['files']} files, {sync['bytes'] / 1024:.0f} KiB"
+    return [
+        f"| sync, unchanged tree ({size}) | {sync['unchanged_ms']:.0f} ms | < 1500 ms |",
+        f"| sync, one file changed: rsync --link-dest / tar | {sync['one_file_rsync_ms']:.0f} ms / "
+        f"{sync['one_file_tar_ms']:.0f} ms | |",
+        f"| sync, full copy: rsync / tar | {sync['full_rsync_ms']:.0f} ms / {sync['full_tar_ms']:.0f} ms | |",
+        *_large_sync_rows(results["sync_large"]),
+        f"| event → MLflow latency over SSH, p50 / p95 (poll every {latency['poll_interval_s']} s, "
+        f"{latency['events']} events) | {latency['p50_ms']:.0f} ms / {latency['p95_ms']:.0f} ms | p50 < 1000 ms |",
+        f"| MLflow metrics/s: sink / one call per metric ({sink['metrics']} metrics) "
+        f"| {sink['sink_per_s']:.0f} / {sink['per_call_per_s']:.0f} = {sink['ratio']:.0f}× | ≥ 20× |",
+    ]
+
+
+def _large_sync_rows(sync: dict) -> list[str]:
+    size = f"{sync['files']} files, {sync['bytes'] / (1 << 20):.0f} MiB"
+    return [
+        f"| sync of a larger tree ({size}), one file changed: rsync --link-dest / tar "
+        f"| {sync['one_file_rsync_ms']:.0f} ms / {sync['one_file_tar_ms']:.0f} ms | |",
+        f"| sync of a larger tree, full copy: rsync / tar | {sync['full_rsync_ms']:.0f} ms / "
+        f"{sync['full_tar_ms']:.0f} ms | |",
+    ]
+
+
+def markdown(results: dict) -> str:
+    lines = [
+        f"Measured by `make bench` on {results['machine']} ({results['date']}): the worker on tiny_hybrid, "
+        "float32, CPU; the orchestrator against an sshd and an `mlflow server` on 127.0.0.1.",
+        "",
+        "| figure | value | aim |",
+        "|---|---|---|",
+        *_worker_rows(results["worker"]),
+        *_orchestrator_rows(results["orchestrator"]),
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -111,13 +81,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30)
     args = parser.parse_args()
     torch.set_grad_enabled(False)
-    spec = model_spec("tiny_hybrid", "float32")
-    target = TargetModel(load_model(spec, seed=0))
     results = {
         "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}",
         "date": time.strftime("%Y-%m-%d"),
-        "verify_cost": [verify_cost(target, n, args.repeats, seed=n) for n in (16, 64)],
-        "commit_share": commit_share("tiny_hybrid", budget=32, repeats=max(3, args.repeats // 10)),
+        "worker": worker_figures(args.repeats),
+        "orchestrator": orchestrator_figures(args.repeats),
     }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "bench.json").write_text(json.dumps(results, indent=1) + "\n")

@@ -224,6 +224,7 @@ class SSHTransport:
         sftp = self._sftp_client()
         with sftp.open(path, "wb") as f:
             f.chmod(mode)
+            f.set_pipelined(True)  # without it every 32 KiB write waits for its acknowledgement
             f.write(data)
 
     def make_dirs(self, path: str, mode: int) -> None:

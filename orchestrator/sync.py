@@ -61,17 +61,18 @@ def _tarball(files: list[Path], root: Path) -> bytes:
     return buffer.getvalue()
 
 
-def _newest_snapshot(transport: SSHTransport, code_root: str) -> str | None:
-    listing = transport.run(
-        ["sh", "-c", 'ls -1t -- "$1"/*/' + COMPLETE_MARK + " 2>/dev/null | head -n 1", "sh", code_root], check=False
-    )
-    mark = listing.stdout.strip()
-    return posixpath.dirname(mark) if mark else None
-
-
-def _has_rsync(transport: SSHTransport) -> bool:
-    here = shutil.which("rsync") is not None and shutil.which("ssh") is not None
-    return here and transport.run(["sh", "-c", "command -v rsync"], check=False).ok
+# Fixed scripts, values as positional arguments. Each SSH command costs a round trip and a session, so a sync
+# is one command to look (is the snapshot there? rsync? the newest snapshot?), the copy, and one to publish.
+_LOOK = (
+    f'if [ -f "$1/$2/{COMPLETE_MARK}" ]; then echo present; exit 0; fi; '
+    'mkdir -p "$1" && chmod 700 "$1" || exit 1; echo "pid $$"; '
+    "command -v rsync >/dev/null 2>&1 && echo rsync; "
+    f'newest=$(ls -1t -- "$1"/*/{COMPLETE_MARK} 2>/dev/null | head -n 1); '
+    f'[ -z "$newest" ] || echo "newest ${{newest%/{COMPLETE_MARK}}}"'
+)
+_UNTAR = 'mkdir -p "$1" && tar -xzf "$2" -C "$1"; status=$?; rm -f "$2"; exit $status'
+# Another orchestrator may have published the same snapshot meanwhile: then keep theirs.
+_PUBLISH = f'touch "$1/{COMPLETE_MARK}" && {{ mv -T "$1" "$2" 2>/dev/null || rm -rf "$1"; }}'
 
 
 def _rsync(transport: SSHTransport, files: list[Path], root: Path, partial: str, previous: str | None) -> None:
@@ -96,14 +97,6 @@ def _rsync(transport: SSHTransport, files: list[Path], root: Path, partial: str,
         raise SyncFailed(f"rsync to {transport.name} exited {done.returncode}: {detail[-1] if detail else ''}")
 
 
-def _untar(transport: SSHTransport, files: list[Path], root: Path, partial: str) -> None:
-    archive = f"{partial}.tar.gz"
-    transport.write_file(archive, _tarball(files, root), 0o600)
-    transport.run(["mkdir", "-p", partial])
-    transport.run(["tar", "-xzf", archive, "-C", partial])
-    transport.run(["rm", "-f", archive])
-
-
 def sync_code(
     transport: SSHTransport, workdir: str, root: Path = PROJECT_ROOT, method: str = "auto"
 ) -> tuple[str, bool]:
@@ -115,19 +108,22 @@ def sync_code(
     name = content_hash(files, root)
     code_root = posixpath.join(workdir, "code")
     snapshot = posixpath.join(code_root, name)
-    if transport.run(["test", "-f", posixpath.join(snapshot, COMPLETE_MARK)], check=False).ok:
+    look = dict(
+        line.partition(" ")[::2]
+        for line in transport.run(["sh", "-c", _LOOK, "look", code_root, name]).stdout.splitlines()
+    )
+    if "present" in look:
         return snapshot, False
-    transport.make_dirs(code_root, 0o700)
-    use_rsync = method != "tar" and _has_rsync(transport)
+    here = shutil.which("rsync") is not None and shutil.which("ssh") is not None
+    use_rsync = method != "tar" and here and "rsync" in look
     if method == "rsync" and not use_rsync:
-        raise SyncFailed(f"host.sync=rsync, but rsync (or ssh) is missing here or on {transport.name}")
-    partial = f"{snapshot}.part-{transport.run(['sh', '-c', 'echo $$']).stdout.strip()}"
+        raise SyncFailed(f"host.sync=rsync, but rsync is missing {'there' if here else 'here'} ({transport.name})")
+    partial = f"{snapshot}.part-{look['pid']}"
     if use_rsync:
-        _rsync(transport, files, root, partial, _newest_snapshot(transport, code_root))
+        _rsync(transport, files, root, partial, look.get("newest"))
     else:
-        _untar(transport, files, root, partial)
-    transport.run(["touch", posixpath.join(partial, COMPLETE_MARK)])
-    # Another orchestrator may have published the same snapshot meanwhile: then keep theirs.
-    if not transport.run(["mv", "-T", partial, snapshot], check=False).ok:
-        transport.run(["rm", "-rf", partial])
+        archive = f"{partial}.tar.gz"
+        transport.write_file(archive, _tarball(files, root), 0o600)
+        transport.run(["sh", "-c", _UNTAR, "untar", partial, archive])
+    transport.run(["sh", "-c", _PUBLISH, "publish", partial, snapshot])
     return snapshot, True

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.mlflow_server import MlflowServer, start_mlflow_server, stop_mlflow_server
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -34,59 +33,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-@dataclass(frozen=True)
-class MlflowServer:
-    uri: str
-    process: subprocess.Popen
-
-
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
     """`mlflow server` with an SQLite store and proxied artifacts, on 127.0.0.1 only; stopped after the session."""
-    root = tmp_path_factory.mktemp("mlflow-server")
-    port = free_port()
-    log = (root / "server.log").open("wb")
-    process = subprocess.Popen(
-        [
-            str(VENV_BIN / "mlflow"),
-            "server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-            "--backend-store-uri",
-            f"sqlite:///{root / 'mlflow.db'}",
-            "--artifacts-destination",
-            str(root / "artifacts"),
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    uri = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            with urllib.request.urlopen(f"{uri}/health", timeout=2) as response:
-                if response.status == 200:
-                    break
-        except OSError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            log.close()
-            process.kill()
-            pytest.fail(f"mlflow server did not start:\n{(root / 'server.log').read_text()[-3000:]}")
-        time.sleep(0.5)
-    yield MlflowServer(uri=uri, process=process)
-    os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-    log.close()
+    server = start_mlflow_server(tmp_path_factory.mktemp("mlflow-server"))
+    yield server
+    stop_mlflow_server(server)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""A real OpenSSH server (on 127.0.0.1 unless told otherwise) for the tests: generated host and client keys, its own known_hosts."""
+"""A real OpenSSH server for the tests (on 127.0.0.1 unless told): generated host and client keys, known_hosts."""
 
 from __future__ import annotations
 
