@@ -9,7 +9,7 @@ ARGS ?=
 COMPAT_VENV := .venv-compat
 COMPAT_STAMP := $(COMPAT_VENV)/.installed
 
-.PHONY: run test test-compat bench lint ui lock clean
+.PHONY: run sweep test test-compat bench lint ui lock clean
 
 $(STAMP): requirements/worker.txt requirements/local.txt requirements/dev.txt requirements/lock.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,10 @@ $(STAMP): requirements/worker.txt requirements/local.txt requirements/dev.txt re
 ## run: the main job on the embedded default (local host, tiny hybrid model, local MLflow store)
 run: $(STAMP)
 	$(PY) -m orchestrator $(ARGS)
+
+## sweep: a Hydra multirun over the grid conf/sweep/default.yaml, as one MLflow parent run with a child per job
+sweep: $(STAMP)
+	$(PY) -m orchestrator --multirun sweep=default $(ARGS)
 
 ## test: the whole test suite
 test: $(STAMP)

@@ -9,6 +9,7 @@ import posixpath
 import shlex
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from orchestrator.redaction import redact_url
 from orchestrator.ssh_transport import CONNECTION_ERRORS, ConnectFailed, HostKeyRefused, SSHTransport
 from orchestrator.state import StateStore, StreamState
 from orchestrator.stream import HostUnreachable, drain, follow, wait_for_exit
+from orchestrator.sweep import JOB_TAG, Sweep, SweepCancelled, current_sweep, end_unstarted_job
 from orchestrator.sync import sync_code
 from orchestrator.tracking.runs import DETACHED, EXIT_CODES, connect, create_job_run, finish, run_url
 from orchestrator.tracking.sink import DETACHED_TAG, LAST_SEQ_TAG, OFFSET_TAG, MlflowSink
@@ -95,6 +97,7 @@ def run_job(cfg: DictConfig) -> int:
     client = connect(config["tracking"])
     store = StateStore(Path(config["orchestrator"]["state_dir"]))
     existing = config["attach"] or config["cancel"]
+    sweep: Sweep | None = None
     if existing:
         try:
             experiment_id, state = _attached_state(client, store, host, existing)
@@ -110,7 +113,14 @@ def run_job(cfg: DictConfig) -> int:
             finally:
                 transport.close()
     else:
-        experiment_id, run_id = create_job_run(client, config, HydraConfig.get().overrides.task, git_info())
+        sweep = current_sweep(config["sweep"]["fail_fast"])
+        job_tags = {"mlflow.parentRunId": sweep.parent_run_id, JOB_TAG: str(sweep.job_num)} if sweep else {}
+        overrides = HydraConfig.get().overrides.task
+        experiment_id, run_id = create_job_run(client, config, overrides, git_info(), job_tags)
+        if sweep is not None and (reason := sweep.cancelled()) is not None:
+            end_unstarted_job(client, run_id, reason)
+            console.print(f"[yellow]job #{sweep.job_num} not started: {reason}[/yellow]")
+            return EXIT_CODES["KILLED"]
         state = StreamState(run_id=run_id, host=host["name"], run_dir=run_dir_for(host["workdir"], run_id))
     run_id, run_dir = state.run_id, state.run_dir
     transport = make_transport(host)
@@ -118,7 +128,9 @@ def run_job(cfg: DictConfig) -> int:
     verb = "attached to" if config["attach"] else "run"
     console.print(f"[bold]{verb}[/bold] {run_id} on [bold]{host['name']}[/bold] · {config['model']['name']}")
     with LiveProgress(console) as live, CtrlC(console) as ctrl_c:
-        outcome = _launch_and_follow(config, transport, sink, live, ctrl_c)
+        outcome = _launch_and_follow(config, transport, sink, live, ctrl_c, sweep)
+    if sweep is not None:
+        _end_sweep_early_if_needed(sweep, outcome, ctrl_c)
     if outcome.status == DETACHED:
         transport.close()
         if config["detach"] and outcome.error is None:  # asked for: launched, not lost
@@ -208,8 +220,32 @@ def attach_command(config: dict[str, Any], run_id: str) -> str:
     )
 
 
+def _interrupt_check(ctrl_c: CtrlC, sweep: Sweep | None) -> Callable[[], None]:
+    """What the follow loop calls between polls: Ctrl-C, and a sweep cancelled by another job."""
+    if sweep is None:
+        return ctrl_c.check
+
+    def check() -> None:
+        ctrl_c.check()
+        sweep.check()
+
+    return check
+
+
+def _end_sweep_early_if_needed(sweep: Sweep, outcome: Outcome, ctrl_c: CtrlC) -> None:
+    if ctrl_c.requested:
+        sweep.cancel("the sweep was interrupted (Ctrl-C)")
+    elif sweep.fail_fast and outcome.status == "FAILED":
+        sweep.cancel(f"job #{sweep.job_num} failed and sweep.fail_fast is set: {outcome.error}")
+
+
 def _launch_and_follow(
-    config: dict[str, Any], transport: Transport, sink: MlflowSink, live: LiveProgress, ctrl_c: CtrlC
+    config: dict[str, Any],
+    transport: Transport,
+    sink: MlflowSink,
+    live: LiveProgress,
+    ctrl_c: CtrlC,
+    sweep: Sweep | None = None,
 ) -> Outcome:
     host, run_dir = config["host"], sink.state.run_dir
     grace = float(config["orchestrator"]["kill_grace_s"])
@@ -227,15 +263,16 @@ def _launch_and_follow(
                 code_dir = str(PROJECT_ROOT)
             stage = "launch"
             write_spec(transport, run_dir, worker_spec(config, sink.state.run_id, run_dir))
-            gpus, locks = lease_candidates(host, report), posixpath.join(host["workdir"], "locks")
-            start_worker(transport, run_dir, host["python"] or sys.executable, code_dir, host["env"], gpus, locks)
+            gpus = lease_candidates(host, report)
+            python = host["python"] or sys.executable
+            start_worker(transport, run_dir, python, code_dir, host["env"], gpus, host["gpu_lock_dir"])
             wait_for_start(transport, run_dir)
             if config["detach"]:
                 return Outcome(DETACHED, None, "launch")
         stage = "stream"
         poll = float(config["orchestrator"]["poll_interval_s"])
         budget = float(host.get("reconnect_budget_s", 0))
-        gone = follow(transport, sink, live.show, poll, ctrl_c.check, budget, live.note)
+        gone = follow(transport, sink, live.show, poll, _interrupt_check(ctrl_c, sweep), budget, live.note)
         if gone is not None:
             return Outcome("FAILED", f"{gone.describe()} before reporting an end event", "worker")
         assert sink.end is not None
@@ -244,12 +281,13 @@ def _launch_and_follow(
         return Outcome(str(sink.end.get("status", "FAILED")), sink.end.get("error"), "worker")
     except HostUnreachable as exc:
         return Outcome(DETACHED, str(exc), stage)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SweepCancelled) as exc:
         ctrl_c.stopping()
-        live.note("[yellow]interrupted: stopping the worker[/yellow]")
+        reason = f"cancelled: {exc}" if isinstance(exc, SweepCancelled) else "interrupted by the user (Ctrl-C)"
+        live.note(f"[yellow]{reason}: stopping the worker[/yellow]")
         stop_worker(transport, run_dir, grace)
         drain(transport, sink, live.show)
-        return Outcome("KILLED", "interrupted by the user (Ctrl-C)", stage)
+        return Outcome("KILLED", reason, stage)
     except PreflightFailed as exc:
         return Outcome("FAILED", str(exc), stage)
     except (ConnectFailed, HostKeyRefused) as exc:

@@ -30,3 +30,7 @@ def main() -> None:
         print(f"config error: {exc}", file=sys.stderr)
         sys.exit(2)
     hydra_main()
+    from orchestrator import sweep  # a multirun's status, set by its callback once every job has returned
+
+    if sweep.last_exit_code is not None:
+        sys.exit(sweep.last_exit_code)

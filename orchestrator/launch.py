@@ -19,23 +19,29 @@ from orchestrator.transport import Transport
 SPEC_FILE = "spec.json"
 PID_FILE = "pid"
 EXIT_CODE_FILE = "exit_code"
-LEASE_FILE = "gpu_lease"  # "<gpu index> <unix time the lease began>"
+LEASE_FILE = "gpu_lease"  # "<gpu index> <unix time the lease began>[ <unix time the worker ended>]"
 WAITING_FILE = "waiting_for_gpu"
 STDOUT_FILE = "stdout.log"
 STDERR_FILE = "stderr.log"
 
 # Fixed scripts: every value reaches them as a positional argument, never spliced into the text.
 # The supervisor leases a GPU first when given candidates ($1, space-separated; locks in $2): `flock` on
-# locks/gpu<N>.lock through fd 9, which the worker inherits, so the lease lasts exactly as long as the
+# <locks>/gpu<N>.lock through fd 9, which the worker inherits, so the lease lasts exactly as long as the
 # worker's process group, however it ends. No free GPU: it waits, and says so in a file the status reads.
+# The lock folder is shared by every user of the host (sticky and world-writable, like /tmp); a lock file
+# is opened read-only, so another user's file locks as well as one's own.
 _SUPERVISE = (
     "echo $$ > pid; gpus=$1; locks=$2; shift 2; "
-    'if [ -n "$gpus" ]; then mkdir -p "$locks"; lease=; '
-    'while [ -z "$lease" ]; do for g in $gpus; do exec 9>"$locks/gpu$g.lock"; '
-    "if flock -n 9; then lease=$g; break; fi; exec 9>&-; done; "
+    'if [ -n "$gpus" ]; then [ -d "$locks" ] || { mkdir -p "$locks" && chmod 1777 "$locks"; } 2>/dev/null; lease=; '
+    'while [ -z "$lease" ]; do for g in $gpus; do f="$locks/gpu$g.lock"; '
+    '[ -e "$f" ] || (umask 0; : >> "$f"); exec 9<"$f"; '
+    "if flock -n 9; then lease=$g; break; fi; exec 9<&-; done; "
     f'[ -n "$lease" ] || {{ echo "$gpus" > {WAITING_FILE}; sleep 1; }}; done; '
     f'rm -f {WAITING_FILE}; echo "$lease $(date +%s.%N)" > {LEASE_FILE}; export CUDA_VISIBLE_DEVICES=$lease; fi; '
-    '"$@"; echo $? > exit_code.part; mv exit_code.part exit_code'
+    '"$@"; code=$?; '
+    f'if [ -n "$gpus" ]; then echo "$(cat {LEASE_FILE}) $(date +%s.%N)" > {LEASE_FILE}.part; '
+    f"mv {LEASE_FILE}.part {LEASE_FILE}; fi; "
+    "echo $code > exit_code.part; mv exit_code.part exit_code"
 )
 _DETACH = (
     'cd "$1" || exit 1; shift; '

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+
+if TYPE_CHECKING:
+    from orchestrator.sweep_summary import Row
 
 SUMMARY_FILE = "decode_summary.json"  # written by remote_worker.experiments.ddtree_gdn
 
@@ -48,6 +53,36 @@ def plot_decode_summary(summary_file: Path, out_dir: Path) -> list[Path]:
     fig.tight_layout()
     figures.append(_save(fig, out_dir / "acceptance_length_hist.png"))
     return figures
+
+
+def plot_sweep(rows: list[Row], out_dir: Path) -> list[Path]:
+    """tau and speedup against tree budget, one row of panels per model and one line per job."""
+    lines: dict[str, dict[str, list[Row]]] = defaultdict(lambda: defaultdict(list))
+    for row in rows:
+        if row.tree_budget is not None and row.tau is not None:
+            lines[row.model][f"#{row.job} {_without_model(row.varies)}"].append(row)
+    if not lines:
+        return []
+    fig, axes = plt.subplots(len(lines), 2, figsize=(10, 3.5 * len(lines)), squeeze=False)
+    for (model, jobs), panels in zip(sorted(lines.items()), axes, strict=True):
+        for axis, key, label in (
+            (panels[0], "tau", "tau (tokens per round)"),
+            (panels[1], "speedup_vs_ar", "speedup vs AR"),
+        ):
+            for job, points in sorted(jobs.items()):
+                points.sort(key=lambda r: r.tree_budget)
+                axis.plot([r.tree_budget for r in points], [getattr(r, key) for r in points], "o-", label=job)
+            axis.set_xscale("log", base=2)
+            axis.set_xlabel("tree budget (nodes)")
+            axis.set_ylabel(label)
+            axis.set_title(model)
+            axis.legend(fontsize="small")
+    fig.tight_layout()
+    return [_save(fig, out_dir / "sweep_tau_speedup_vs_budget.png")]
+
+
+def _without_model(overrides: str) -> str:
+    return " ".join(o for o in overrides.split() if not o.startswith("model=")) or "(defaults)"
 
 
 def _save(fig: plt.Figure, path: Path) -> Path:

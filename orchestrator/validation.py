@@ -119,8 +119,9 @@ def resolve_config(cfg: DictConfig) -> dict[str, Any]:
     gpus = _get(container, "host.gpus")
     if gpus not in ("auto", "none") and not (isinstance(gpus, list) and all(_index(g) for g in gpus)):
         raise ConfigError(f"host.gpus={gpus!r} must be auto, none or a list of GPU indices")
-    if not str(_get(container, "host.workdir")).startswith("/"):
-        raise ConfigError(f"host.workdir={_get(container, 'host.workdir')!r} must be an absolute path")
+    for key in ("host.workdir", "host.gpu_lock_dir"):
+        if not str(_get(container, key)).startswith("/"):
+            raise ConfigError(f"{key}={_get(container, key)!r} must be an absolute path")
     python = _get(container, "host.python")
     if python is not None and not str(python).strip():
         raise ConfigError("host.python must be null (this interpreter) or a path to a Python interpreter")
@@ -143,7 +144,7 @@ def resolve_config(cfg: DictConfig) -> dict[str, Any]:
         run_id = _get(container, key)
         if run_id is not None and not re.fullmatch(r"[0-9a-f]{32}", str(run_id)):
             raise ConfigError(f"{key}={run_id!r} must be an MLflow run id (32 hexadecimal characters)")
-    for key in ("detach", "list"):
+    for key in ("detach", "list", "sweep.fail_fast"):
         if not isinstance(_get(container, key), bool):
             raise ConfigError(f"{key} must be true or false")
     chosen = [k for k in ("attach", "cancel", "list", "detach") if container[k] not in (None, False)]

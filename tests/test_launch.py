@@ -104,6 +104,13 @@ def test_a_group_killed_outright_is_reported_as_vanished(tmp_path: Path) -> None
     assert "without writing an exit code" in gone.describe()
 
 
+def assert_never_shared(intervals: list[tuple[str, float, float]]) -> None:
+    """No two (gpu, start, end) intervals on one GPU overlap."""
+    for (gpu_a, start_a, end_a), (gpu_b, start_b, end_b) in itertools.combinations(intervals, 2):
+        if gpu_a == gpu_b:
+            assert end_a <= start_b or end_b <= start_a, f"two jobs held GPU {gpu_a} at the same time"
+
+
 def test_gpu_leases_are_never_shared_and_a_third_job_waits(tmp_path: Path) -> None:
     """Two GPU slots, three jobs at once: each job holds one slot for its whole life; the third waits."""
     python = fake_python(tmp_path, 'echo "$CUDA_VISIBLE_DEVICES $(date +%s.%N)" > used; sleep 1.5; date +%s.%N >> used')
@@ -113,14 +120,15 @@ def test_gpu_leases_are_never_shared_and_a_third_job_waits(tmp_path: Path) -> No
         start_worker(transport, str(run_dir), python, "/code", {}, gpus=[0, 1], locks_dir=str(tmp_path / "locks"))
     saw_waiting = wait_until(lambda: any(worker_status(transport, str(d)).state == "waiting" for d in run_dirs))
     assert all(wait_until(lambda d=d: (d / EXIT_CODE_FILE).exists(), timeout=30) for d in run_dirs)
-    intervals = []
+    used, leased = [], []
     for run_dir in run_dirs:
         gpu, start, end = (run_dir / "used").read_text().split()
-        lease_gpu, _ = (run_dir / LEASE_FILE).read_text().split()
+        lease_gpu, lease_start, lease_end = (run_dir / LEASE_FILE).read_text().split()
         assert gpu == lease_gpu
-        intervals.append((gpu, float(start), float(end)))
-    for (gpu_a, start_a, end_a), (gpu_b, start_b, end_b) in itertools.combinations(intervals, 2):
-        if gpu_a == gpu_b:
-            assert end_a <= start_b or end_b <= start_a, "two jobs held one GPU at the same time"
-    assert {gpu for gpu, _, _ in intervals} == {"0", "1"}
+        assert float(lease_start) <= float(start) <= float(end) <= float(lease_end), "the worker ran inside its lease"
+        used.append((gpu, float(start), float(end)))
+        leased.append((gpu, float(lease_start), float(lease_end)))
+    assert_never_shared(used)
+    assert_never_shared(leased)
+    assert {gpu for gpu, _, _ in used} == {"0", "1"}
     assert saw_waiting, "with both slots taken the third job reports that it waits"

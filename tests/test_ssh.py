@@ -40,6 +40,7 @@ def host_config(server: SSHServer, workdir: Path, **changes: object) -> dict:
         "workdir": str(workdir),
         "env": {},
         "gpus": "none",
+        "gpu_lock_dir": str(workdir / "locks"),
         "connect_timeout_s": 10,
         "keepalive_s": 2,
         "keepalive_count_max": 3,

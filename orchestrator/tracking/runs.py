@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +39,15 @@ def run_name(config: dict[str, Any]) -> str:
 
 
 def create_job_run(
-    client: MlflowClient, config: dict[str, Any], overrides: Sequence[str], git: GitInfo
+    client: MlflowClient,
+    config: dict[str, Any],
+    overrides: Sequence[str],
+    git: GitInfo,
+    extra_tags: Mapping[str, str] | None = None,
 ) -> tuple[str, str]:
-    """Create the job's run with its tags, params and config artifacts; return (experiment id, run id)."""
+    """Create the job's run with its tags, params and config artifacts; return (experiment id, run id).
+
+    `extra_tags` place a sweep's job under the sweep's parent run."""
     experiment_id = ensure_experiment(client, config["experiment"]["name"], config["tracking"].get("artifact_root"))
     tags = {
         "host": config["host"]["name"],
@@ -50,6 +56,7 @@ def create_job_run(
         "git.dirty": str(git.dirty).lower(),
         "mlflow.source.git.commit": git.commit,
         "hydra.overrides": redact_url(" ".join(overrides)) or "(none)",
+        **(extra_tags or {}),
     }
     run = client.create_run(experiment_id, run_name=run_name(config), tags=tags)
     run_id = run.info.run_id

@@ -1,0 +1,136 @@
+"""Hydra multiruns as one MLflow parent run with every job a child run under it.
+
+The parent is made by a Hydra callback in the launching process before any job starts; its id goes to
+`<sweep dir>/sweep.json`, which every job reads, wherever the launcher runs it (in this process, a joblib
+worker, a submitit process or a Slurm node sharing the folder). A job that ends a sweep early (a failure
+under `sweep.fail_fast`, or Ctrl-C) writes `<sweep dir>/cancelled`: running jobs stop their workers and
+end KILLED, jobs not started yet end KILLED at once. When the multirun returns, the callback writes the
+summary (CSV, Markdown, plots) into the parent and ends it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+
+from orchestrator.redaction import redact_url
+
+SWEEP_FILE = "sweep.json"
+CANCELLED_FILE = "cancelled"
+ROLE_TAG = "orchestrator.role"
+JOB_TAG = "sweep.job"
+
+# The exit code of the last multirun in this process, for `python -m orchestrator -m ...` to return.
+last_exit_code: int | None = None
+
+
+class SweepCancelled(Exception):
+    """Another job of the sweep failed under fail_fast, or the sweep was interrupted."""
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """The multirun a job belongs to, as the job sees it."""
+
+    dir: Path
+    parent_run_id: str
+    job_num: int
+    fail_fast: bool
+
+    def cancelled(self) -> str | None:
+        """Why the sweep was cancelled, or None."""
+        path = self.dir / CANCELLED_FILE
+        return path.read_text(encoding="utf-8").strip() if path.exists() else None
+
+    def cancel(self, reason: str) -> None:
+        """Stop the rest of the sweep; the first reason given is kept."""
+        try:
+            fd = os.open(self.dir / CANCELLED_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(reason + "\n")
+
+    def check(self) -> None:
+        """Raise SweepCancelled when the sweep was cancelled (called between polls of a running job)."""
+        reason = self.cancelled()
+        if reason is not None:
+            raise SweepCancelled(reason)
+
+
+def _sweep_dir(hydra_cfg: Any) -> Path:
+    folder = Path(str(hydra_cfg.sweep.dir))
+    return folder if folder.is_absolute() else Path(str(hydra_cfg.runtime.cwd)) / folder
+
+
+def current_sweep(fail_fast: bool) -> Sweep | None:
+    """The sweep of the running Hydra job, or None outside a multirun."""
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode != RunMode.MULTIRUN:
+        return None
+    folder = _sweep_dir(hydra_cfg)
+    record = json.loads((folder / SWEEP_FILE).read_text(encoding="utf-8"))
+    return Sweep(folder, record["parent_run_id"], int(hydra_cfg.job.num), fail_fast)
+
+
+class SweepCallback(Callback):
+    """Creates the parent run before the jobs and writes the summary into it after them.
+
+    Hydra instantiates callbacks for every run, so MLflow is imported only when a multirun uses it."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from orchestrator.tracking.runs import connect, ensure_experiment
+
+        tracking = OmegaConf.to_container(config.tracking, resolve=True)
+        assert isinstance(tracking, dict)
+        client = connect(tracking)
+        experiment_id = ensure_experiment(client, str(config.experiment.name), tracking.get("artifact_root"))
+        hydra_cfg = config.hydra  # HydraConfig is not set yet when a multirun starts
+        overrides = " ".join(hydra_cfg.overrides.task)
+        run = client.create_run(
+            experiment_id,
+            run_name=f"sweep-{time.strftime('%m%d-%H%M%S')}",
+            tags={
+                ROLE_TAG: "sweep",
+                "hydra.overrides": redact_url(overrides) or "(none)",
+                "sweep.launcher": str(hydra_cfg.runtime.choices.get("hydra/launcher", "basic")),
+                "sweep.fail_fast": str(bool(config.sweep.fail_fast)).lower(),
+            },
+        )
+        folder = Path(str(hydra_cfg.sweep.dir)).absolute()
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / SWEEP_FILE).write_text(
+            json.dumps({"parent_run_id": run.info.run_id, "experiment_id": experiment_id}) + "\n", encoding="utf-8"
+        )
+        Console().print(f"[bold]sweep[/bold] {run.info.run_id} · jobs are its child runs · {folder}")
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from orchestrator.sweep_summary import summarize_sweep
+        from orchestrator.tracking.runs import EXIT_CODES, connect
+
+        global last_exit_code
+        tracking = OmegaConf.to_container(config.tracking, resolve=True)
+        assert isinstance(tracking, dict)
+        folder = Path(str(config.hydra.sweep.dir)).absolute()
+        record = json.loads((folder / SWEEP_FILE).read_text(encoding="utf-8"))
+        status = summarize_sweep(connect(tracking), record["experiment_id"], record["parent_run_id"], Console())
+        last_exit_code = EXIT_CODES[status]
+
+
+def end_unstarted_job(client: Any, run_id: str, reason: str) -> None:
+    """A job the sweep cancelled before it began: its run says why and ends KILLED."""
+    from mlflow.entities import RunStatus
+
+    client.set_tag(run_id, "error", f"not started: {reason}")
+    client.set_tag(run_id, "failure_stage", "sweep")
+    client.set_terminated(run_id, RunStatus.to_string(RunStatus.KILLED))

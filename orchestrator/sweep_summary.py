@@ -1,0 +1,157 @@
+"""The summary a sweep's parent run gets when the multirun ends: a table of every job and method, plots.
+
+Everything is read back from MLflow (the job runs under the parent, the method runs under each job), so
+the summary is the same whichever launcher ran the jobs and wherever they ran.
+"""
+
+from __future__ import annotations
+
+import csv
+import tempfile
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from mlflow.entities import Run
+from mlflow.tracking import MlflowClient
+from rich.console import Console
+from rich.table import Table
+
+from orchestrator.display import STATUS_STYLE
+from orchestrator.plots import plot_sweep
+
+METRICS = ("tau", "speedup_vs_ar", "tokens_per_s", "lossless")
+CSV_FILE, MARKDOWN_FILE = "sweep_summary.csv", "sweep_summary.md"
+
+
+@dataclass(frozen=True)
+class Row:
+    job: int
+    status: str
+    model: str
+    overrides: str
+    varies: str = ""  # the overrides that differ between the jobs of the sweep
+    method: str = ""
+    tree_budget: int | None = None
+    tau: float | None = None
+    speedup_vs_ar: float | None = None
+    tokens_per_s: float | None = None
+    lossless: float | None = None
+    error: str = ""
+
+
+def _children(client: MlflowClient, experiment_ids: list[str], parent: str) -> list[Run]:
+    return client.search_runs(experiment_ids, f"tags.mlflow.parentRunId = '{parent}'", max_results=10000)
+
+
+def sweep_rows(client: MlflowClient, parent_run_id: str) -> list[Row]:
+    """One row per (job, method); a job without method runs (a probe, a failure) is one row."""
+    experiment_ids = [e.experiment_id for e in client.search_experiments()]
+    jobs = sorted(_children(client, experiment_ids, parent_run_id), key=lambda r: int(r.data.tags.get("sweep.job", -1)))
+    overrides = {job.info.run_id: job.data.tags.get("hydra.overrides", "").split() for job in jobs}
+    common = set.intersection(*(set(o) for o in overrides.values())) if len(jobs) > 1 else set()
+    rows = []
+    for job in jobs:
+        tags = job.data.tags
+        base = {
+            "job": int(tags.get("sweep.job", -1)),
+            "status": job.info.status,
+            "model": tags.get("model", ""),
+            "overrides": " ".join(overrides[job.info.run_id]),
+            "varies": " ".join(o for o in overrides[job.info.run_id] if o not in common),
+            "error": tags.get("error", "").splitlines()[0] if tags.get("error") else "",
+        }
+        methods = _children(client, experiment_ids, job.info.run_id)
+        if not methods:
+            rows.append(Row(**base))
+        for method in sorted(methods, key=_method_order):
+            budget = method.data.params.get("tree_budget")
+            values = {k: method.data.metrics.get(k) for k in METRICS}
+            rows.append(
+                Row(
+                    **base,
+                    method=method.data.tags.get("orchestrator.scope", method.info.run_name or ""),
+                    tree_budget=int(budget) if budget not in (None, "None", "") else None,
+                    **values,
+                )
+            )
+    return rows
+
+
+def _method_order(run: Run) -> tuple[int, int]:
+    budget = run.data.params.get("tree_budget")
+    kind = {"ar": 0, "dflash": 1}.get(run.data.params.get("method", ""), 2)
+    return kind, int(budget) if budget not in (None, "None", "") else 0
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)
+
+
+def write_csv(rows: list[Row], path: Path) -> None:
+    names = [f.name for f in fields(Row)]
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(names)
+        for row in rows:
+            writer.writerow(["" if getattr(row, n) is None else getattr(row, n) for n in names])
+
+
+def write_markdown(rows: list[Row], path: Path) -> None:
+    names = [f.name for f in fields(Row) if f.name != "overrides"]  # the CSV has them all
+    lines = ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
+    for row in rows:
+        cells = [_cell(getattr(row, n)).replace("|", "\\|") for n in names]
+        lines.append("| " + " | ".join(cells) + " |")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def sweep_status(rows: list[Row]) -> str:
+    statuses = {row.status for row in rows}
+    if "FAILED" in statuses:
+        return "FAILED"
+    if "KILLED" in statuses:
+        return "KILLED"
+    return "FINISHED"
+
+
+def summarize_sweep(client: MlflowClient, experiment_id: str, parent_run_id: str, console: Console) -> str:
+    """Log the summary into the parent run, end it, print the table; return the sweep's status."""
+    rows = sweep_rows(client, parent_run_id)
+    status = sweep_status(rows) if rows else "FAILED"
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        write_csv(rows, folder / CSV_FILE)
+        write_markdown(rows, folder / MARKDOWN_FILE)
+        client.log_artifact(parent_run_id, str(folder / CSV_FILE))
+        client.log_artifact(parent_run_id, str(folder / MARKDOWN_FILE))
+        for figure in plot_sweep(rows, folder):
+            client.log_artifact(parent_run_id, str(figure), artifact_path="plots")
+    jobs = {row.job: row for row in rows}
+    failed = [row for row in jobs.values() if row.status != "FINISHED"]
+    client.set_tag(parent_run_id, "sweep.jobs", str(len(jobs)))
+    client.set_tag(parent_run_id, "sweep.not_finished", str(len(failed)))
+    client.set_terminated(parent_run_id, status)
+    console.print(_table(rows, status))
+    for row in failed:
+        console.print(f"[red]job #{row.job} {row.status}[/red] ({row.varies}): {row.error}")
+    return status
+
+
+def _table(rows: list[Row], status: str) -> Table:
+    table = Table(title=f"Sweep summary: [{STATUS_STYLE.get(status, 'white')}]{status}[/]", title_justify="left")
+    for name in ("job", "status", "varies", "method", "tau", "speedup_vs_ar", "tokens_per_s", "lossless"):
+        table.add_column(name, overflow="fold")
+    for row in rows:
+        style = STATUS_STYLE.get(row.status, "white")
+        table.add_row(
+            str(row.job),
+            f"[{style}]{row.status}[/]",
+            row.varies,
+            row.method,
+            *(_cell(getattr(row, k)) for k in ("tau", "speedup_vs_ar", "tokens_per_s", "lossless")),
+        )
+    return table

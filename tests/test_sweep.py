@@ -1,0 +1,169 @@
+"""Hydra multiruns: one MLflow parent run per sweep, every job a child, a summary; parallel launchers,
+GPU leases across concurrent jobs, and what a failed job does to the others."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from mlflow.entities import Run
+from mlflow.tracking import MlflowClient
+
+from orchestrator.launch import LEASE_FILE, PID_FILE
+from tests.conftest import MlflowServer, group_alive, start_orchestrator
+from tests.test_launch import assert_never_shared
+
+pytestmark = pytest.mark.slow
+
+SHORT_DECODE = ("experiment.num_prompts=1", "decode.max_new_tokens=8", "decode.tree_budgets=[4,8]")
+
+
+def run_sweep(args: list[str], mlflow_server: MlflowServer, tmp_path: Path, timeout: float = 600):
+    paths = (
+        f"host.workdir={tmp_path / 'work'}",
+        f"orchestrator.state_dir={tmp_path / 'state'}",
+        "host.gpu_lock_dir=" + str(tmp_path / "locks"),
+        "tracking=server",
+        f"tracking.uri={mlflow_server.uri}",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+    )
+    process = start_orchestrator(["--multirun", *args, *paths], tmp_path)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        stdout, stderr = process.communicate()
+        pytest.fail(f"the sweep did not finish in {timeout}s\n{stdout}\n{stderr}")
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def sweep_runs(client: MlflowClient, tmp_path: Path) -> tuple[Run, list[Run]]:
+    """The sweep's parent run and its job runs, by job number."""
+    parent_id = json.loads((tmp_path / "sweep" / "sweep.json").read_text())["parent_run_id"]
+    parent = client.get_run(parent_id)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    jobs = client.search_runs(experiments, f"tags.mlflow.parentRunId = '{parent_id}'")
+    return parent, sorted(jobs, key=lambda r: int(r.data.tags["sweep.job"]))
+
+
+def summary_csv(client: MlflowClient, parent: Run, tmp_path: Path) -> list[dict[str, str]]:
+    local = client.download_artifacts(parent.info.run_id, "sweep_summary.csv", str(tmp_path))
+    return list(csv.DictReader(io.StringIO(Path(local).read_text())))
+
+
+def test_a_parallel_sweep_is_one_parent_run_with_a_child_per_job(mlflow_server: MlflowServer, tmp_path: Path) -> None:
+    args = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "model=tiny_hybrid,tiny_dense"]
+    result = run_sweep([*args, "decode.temperature=0,1", *SHORT_DECODE], mlflow_server, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    client = MlflowClient(tracking_uri=mlflow_server.uri)
+    parent, jobs = sweep_runs(client, tmp_path)
+    assert parent.info.status == "FINISHED"
+    assert parent.data.tags["sweep.launcher"] == "joblib"
+    assert [j.data.tags["sweep.job"] for j in jobs] == ["0", "1", "2", "3"]
+    assert all(j.info.status == "FINISHED" for j in jobs)
+    grid = {(j.data.params["model.name"], j.data.params["decode.temperature"]) for j in jobs}
+    assert grid == {("tiny_hybrid", "0"), ("tiny_hybrid", "1"), ("tiny_dense", "0"), ("tiny_dense", "1")}
+    for job in jobs:  # each job keeps its own method runs under it
+        methods = client.search_runs([job.info.experiment_id], f"tags.mlflow.parentRunId = '{job.info.run_id}'")
+        assert {m.info.run_name for m in methods} == {"ar", "dflash", "ddtree_tb4", "ddtree_tb8"}
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"sweep_summary.csv", "sweep_summary.md", "plots"} <= artifacts
+    assert [a.path for a in client.list_artifacts(parent.info.run_id, "plots")] == [
+        "plots/sweep_tau_speedup_vs_budget.png"
+    ]
+    rows = summary_csv(client, parent, tmp_path)
+    assert len(rows) == 4 * 4  # four jobs, four methods each
+    lossless = [r["lossless"] for r in rows if r["overrides"].split().count("decode.temperature=0")]
+    assert lossless and all(float(v) == 1.0 for v in lossless)
+    assert "Sweep summary: FINISHED" in result.stdout
+
+
+def test_concurrent_jobs_never_share_a_gpu_slot(mlflow_server: MlflowServer, tmp_path: Path) -> None:
+    """Two GPU slots, four jobs at once: the worker-recorded lease intervals never overlap on a slot."""
+    args = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=4", "experiment=probe", "seed=0,1,2,3"]
+    result = run_sweep([*args, "host.gpus=[0,1]", "model.device=cpu"], mlflow_server, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    client = MlflowClient(tracking_uri=mlflow_server.uri)
+    parent, jobs = sweep_runs(client, tmp_path)
+    assert len(jobs) == 4 and parent.info.status == "FINISHED"
+    worker_intervals, lease_intervals = [], []
+    for job in jobs:
+        run_dir = tmp_path / "work" / "runs" / job.info.run_id
+        events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+        start, end = events[0], events[-1]
+        assert (start["kind"], end["kind"]) == ("start", "end")
+        gpu = start["data"]["cuda_visible_devices"]
+        assert job.data.tags["worker.gpu"] == gpu
+        worker_intervals.append((gpu, start["t"], end["t"]))
+        lease_gpu, lease_start, lease_end = (run_dir / LEASE_FILE).read_text().split()
+        assert lease_gpu == gpu
+        lease_intervals.append((gpu, float(lease_start), float(lease_end)))
+    assert_never_shared(worker_intervals)
+    assert_never_shared(lease_intervals)
+    assert {gpu for gpu, _, _ in worker_intervals} == {"0", "1"}
+    assert "waiting for one to be free" in result.stdout
+
+
+def test_a_submitit_local_sweep_lands_in_mlflow_the_same_way(mlflow_server: MlflowServer, tmp_path: Path) -> None:
+    args = ["hydra/launcher=submitit_local", "experiment=probe", "model=tiny_hybrid,tiny_dense"]
+    result = run_sweep(args, mlflow_server, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    client = MlflowClient(tracking_uri=mlflow_server.uri)
+    parent, jobs = sweep_runs(client, tmp_path)
+    assert parent.info.status == "FINISHED" and parent.data.tags["sweep.launcher"] == "submitit_local"
+    assert [(j.data.params["model.name"], j.info.status) for j in jobs] == [
+        ("tiny_hybrid", "FINISHED"),
+        ("tiny_dense", "FINISHED"),
+    ]
+    assert jobs[0].data.params["probe.model.class"] == "Qwen3_5ForCausalLM"
+    assert {r["status"] for r in summary_csv(client, parent, tmp_path)} == {"FINISHED"}
+
+
+FAILING = "model.path=/no/such/model"  # with model.source=pretrained: the preflight fails, fast
+
+
+def test_a_failed_job_does_not_stop_the_others(mlflow_server: MlflowServer, tmp_path: Path) -> None:
+    args = ["experiment=probe", "model.source=config,pretrained,config", FAILING]
+    result = run_sweep(args, mlflow_server, tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    client = MlflowClient(tracking_uri=mlflow_server.uri)
+    parent, jobs = sweep_runs(client, tmp_path)
+    assert [j.info.status for j in jobs] == ["FINISHED", "FAILED", "FINISHED"]
+    assert parent.info.status == "FAILED" and parent.data.tags["sweep.not_finished"] == "1"
+    error = "local: model.path /no/such/model is missing or has no config.json"
+    assert jobs[1].data.tags["error"] == error
+    failed = [r for r in summary_csv(client, parent, tmp_path) if r["status"] != "FINISHED"]
+    assert [(r["job"], r["status"], r["error"]) for r in failed] == [("1", "FAILED", error)]
+    assert f"job #1 FAILED (model.source=pretrained): {error}" in " ".join(result.stdout.split())
+
+
+def test_fail_fast_stops_the_running_jobs_and_skips_the_rest(mlflow_server: MlflowServer, tmp_path: Path) -> None:
+    """Job 0 decodes for long; job 1 fails at once: job 0's worker is stopped, jobs 2 and 3 never start."""
+    long_decode = ("experiment.num_prompts=3", "decode.max_new_tokens=2000", "decode.tree_budgets=[4]")
+    args = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "sweep.fail_fast=true"]
+    args += ["seed=0,1", "model.source=config,pretrained", FAILING, *long_decode]
+    result = run_sweep(args, mlflow_server, tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    client = MlflowClient(tracking_uri=mlflow_server.uri)
+    parent, jobs = sweep_runs(client, tmp_path)
+    swept = [
+        [o for o in j.data.tags["hydra.overrides"].split() if o.startswith(("seed", "model.source"))] for j in jobs
+    ]
+    assert swept == [
+        ["seed=0", "model.source=config"],
+        ["seed=0", "model.source=pretrained"],
+        ["seed=1", "model.source=config"],
+        ["seed=1", "model.source=pretrained"],
+    ]
+    statuses = {j.data.tags["sweep.job"]: (j.info.status, j.data.tags.get("error", "")) for j in jobs}
+    assert statuses["1"][0] == "FAILED"
+    assert statuses["0"][0] == "KILLED" and statuses["0"][1].startswith("cancelled: job #1 failed")
+    for job in ("2", "3"):
+        assert statuses[job][0] == "KILLED" and statuses[job][1].startswith("not started: job #1 failed")
+    assert parent.info.status == "FAILED"
+    pgid = int((tmp_path / "work" / "runs" / jobs[0].info.run_id / PID_FILE).read_text())
+    assert not group_alive(pgid), "the cancelled job's worker is gone"
