@@ -39,7 +39,15 @@ from orchestrator.redaction import redact_url
 from orchestrator.ssh_transport import CONNECTION_ERRORS, ConnectFailed, HostKeyRefused, SSHTransport
 from orchestrator.state import StateStore, StreamState
 from orchestrator.stream import HostUnreachable, drain, follow, wait_for_exit
-from orchestrator.sweep import JOB_TAG, Sweep, SweepCancelled, current_sweep, end_unstarted_job
+from orchestrator.sweep import (
+    JOB_TAG,
+    Sweep,
+    SweepCancelled,
+    assign_host,
+    current_sweep,
+    end_unstarted_job,
+    record_job_error,
+)
 from orchestrator.sync import sync_code
 from orchestrator.tracking.runs import DETACHED, EXIT_CODES, connect, create_job_run, finish, run_url
 from orchestrator.tracking.sink import DETACHED_TAG, LAST_SEQ_TAG, OFFSET_TAG, MlflowSink
@@ -82,9 +90,10 @@ def run_job(cfg: DictConfig) -> int:
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # the summary prints the URL
     logging.getLogger("paramiko").setLevel(logging.WARNING)  # connection chatter; reconnects are reported
     try:
-        config = resolve_config(cfg)
+        config = resolve_config(assign_host(cfg))
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
+        record_job_error(f"config error: {exc}")
         return 2
     host = config["host"]
     if config["list"]:

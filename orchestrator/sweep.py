@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
@@ -24,9 +26,11 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from orchestrator.redaction import redact_url
+from orchestrator.validation import ConfigError
 
 SWEEP_FILE = "sweep.json"
 CANCELLED_FILE = "cancelled"
+JOB_ERROR_FILE = "error.txt"  # in a job's output folder, <sweep dir>/<job number>/
 ROLE_TAG = "orchestrator.role"
 JOB_TAG = "sweep.job"
 
@@ -73,6 +77,37 @@ def _sweep_dir(hydra_cfg: Any) -> Path:
     return folder if folder.is_absolute() else Path(str(hydra_cfg.runtime.cwd)) / folder
 
 
+def assign_host(cfg: DictConfig) -> DictConfig:
+    """In a multirun with `sweep.hosts`, job N runs on `sweep.hosts[N % len]`.
+
+    The job's config is composed again with that host, so `host.*` overrides apply to every host of the
+    pool; GPU leases then spread the jobs a host receives over its GPUs."""
+    pool = [str(name) for name in (cfg.sweep.get("hosts") or [])]
+    hydra_cfg = HydraConfig.get()
+    if not pool or hydra_cfg.mode != RunMode.MULTIRUN:
+        return cfg
+    from hydra import compose
+    from hydra.errors import MissingConfigException
+
+    name = pool[int(hydra_cfg.job.num) % len(pool)]
+    try:
+        # The search path of this app (hydra.searchpath) must be given again, or added config folders are unseen.
+        searchpath = [o for o in hydra_cfg.overrides.hydra if o.startswith("hydra.searchpath=")]
+        overrides = [*searchpath, *hydra_cfg.overrides.task, f"host={name}"]
+        return compose(config_name=hydra_cfg.job.config_name, overrides=overrides)
+    except MissingConfigException as exc:
+        raise ConfigError(f"sweep.hosts: no host config named {name!r} (conf/host/{name}.yaml)") from exc
+
+
+def record_job_error(error: str) -> None:
+    """A job of a multirun that fails before it has an MLflow run leaves its error where the summary finds it."""
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        folder = Path(str(hydra_cfg.runtime.output_dir))
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / JOB_ERROR_FILE).write_text(error + "\n", encoding="utf-8")
+
+
 def current_sweep(fail_fast: bool) -> Sweep | None:
     """The sweep of the running Hydra job, or None outside a multirun."""
     hydra_cfg = HydraConfig.get()
@@ -113,18 +148,44 @@ class SweepCallback(Callback):
             json.dumps({"parent_run_id": run.info.run_id, "experiment_id": experiment_id}) + "\n", encoding="utf-8"
         )
         Console().print(f"[bold]sweep[/bold] {run.info.run_id} · jobs are its child runs · {folder}")
+        self._sweep = Sweep(folder, run.info.run_id, -1, bool(config.sweep.fail_fast))
+        self._previous_handler = signal.signal(signal.SIGINT, self._interrupted)
+
+    def _interrupted(self, _signum: int, _frame: FrameType | None) -> None:
+        """Ctrl-C in the launching process cancels the sweep instead of abandoning its jobs.
+
+        Running jobs (here, in joblib workers, in submitit processes) then stop their workers and end
+        KILLED, jobs not started yet end KILLED at once, and the multirun returns to write the summary."""
+        if self._sweep.cancelled() is None:
+            self._sweep.cancel("the sweep was interrupted (Ctrl-C)")
+            Console().print("[yellow]interrupted: stopping every job of the sweep[/yellow]")
+        else:
+            Console().print("[yellow]already stopping the sweep's jobs; please wait[/yellow]")
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from orchestrator.sweep_summary import summarize_sweep
         from orchestrator.tracking.runs import EXIT_CODES, connect
 
         global last_exit_code
+        signal.signal(signal.SIGINT, self._previous_handler)
         tracking = OmegaConf.to_container(config.tracking, resolve=True)
         assert isinstance(tracking, dict)
         folder = Path(str(config.hydra.sweep.dir)).absolute()
         record = json.loads((folder / SWEEP_FILE).read_text(encoding="utf-8"))
-        status = summarize_sweep(connect(tracking), record["experiment_id"], record["parent_run_id"], Console())
+        status = summarize_sweep(
+            connect(tracking), record["experiment_id"], record["parent_run_id"], Console(), _runless_jobs(folder)
+        )
         last_exit_code = EXIT_CODES[status]
+
+
+def _runless_jobs(folder: Path) -> dict[int, str]:
+    """Every job folder Hydra made, with the error its job recorded, if any (jobs with a run ignore it)."""
+    jobs = {}
+    for job_dir in folder.iterdir():
+        if job_dir.is_dir() and job_dir.name.isdigit():
+            error = job_dir / JOB_ERROR_FILE
+            jobs[int(job_dir.name)] = error.read_text(encoding="utf-8").strip() if error.exists() else ""
+    return jobs
 
 
 def end_unstarted_job(client: Any, run_id: str, reason: str) -> None:

@@ -118,9 +118,20 @@ def sweep_status(rows: list[Row]) -> str:
     return "FINISHED"
 
 
-def summarize_sweep(client: MlflowClient, experiment_id: str, parent_run_id: str, console: Console) -> str:
-    """Log the summary into the parent run, end it, print the table; return the sweep's status."""
+def summarize_sweep(
+    client: MlflowClient, experiment_id: str, parent_run_id: str, console: Console, job_dirs: dict[int, str]
+) -> str:
+    """Log the summary into the parent run, end it, print the table; return the sweep's status.
+
+    `job_dirs` maps every job Hydra launched to the error it recorded before it had a run (or ""): a job
+    without a run is a FAILED row, never a silent gap."""
     rows = sweep_rows(client, parent_run_id)
+    with_runs = {row.job for row in rows}
+    for job, error in sorted(job_dirs.items()):
+        if job not in with_runs:
+            reason = error or "the job ended before it created its MLflow run"
+            rows.append(Row(job=job, status="FAILED", model="", overrides="", error=reason))
+    rows.sort(key=lambda row: row.job)
     status = sweep_status(rows) if rows else "FAILED"
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)

@@ -144,6 +144,9 @@ def resolve_config(cfg: DictConfig) -> dict[str, Any]:
         run_id = _get(container, key)
         if run_id is not None and not re.fullmatch(r"[0-9a-f]{32}", str(run_id)):
             raise ConfigError(f"{key}={run_id!r} must be an MLflow run id (32 hexadecimal characters)")
+    pool = _get(container, "sweep.hosts")
+    if not isinstance(pool, list) or not all(isinstance(name, str) and name for name in pool):
+        raise ConfigError(f"sweep.hosts={pool!r} must be a list of host config names (conf/host/)")
     for key in ("detach", "list", "sweep.fail_fast"):
         if not isinstance(_get(container, key), bool):
             raise ConfigError(f"{key} must be true or false")

@@ -59,8 +59,11 @@ def job_paths(tmp_path: Path) -> JobPaths:
     return JobPaths(workdir=tmp_path / "work", state_dir=tmp_path / "state")
 
 
-def start_orchestrator(args: Sequence[str], cwd: Path) -> subprocess.Popen:
-    """Start `python -m orchestrator ARGS` the way a user would, in `cwd` (where Hydra writes its outputs)."""
+def start_orchestrator(args: Sequence[str], cwd: Path, own_group: bool = False) -> subprocess.Popen:
+    """Start `python -m orchestrator ARGS` the way a user would, in `cwd` (where Hydra writes its outputs).
+
+    `own_group`: in a process group of its own, like a terminal's foreground job, so a test can send
+    Ctrl-C to the whole group (parallel launchers' worker processes included)."""
     pythonpath = os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": pythonpath, "PYTHONUNBUFFERED": "1", "COLUMNS": "120"}
     return subprocess.Popen(
@@ -70,6 +73,7 @@ def start_orchestrator(args: Sequence[str], cwd: Path) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        process_group=0 if own_group else None,
     )
 
 

@@ -3,18 +3,26 @@ GPU leases across concurrent jobs, and what a failed job does to the others."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
+import os
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
+import yaml
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
+from orchestrator import PROJECT_ROOT
 from orchestrator.launch import LEASE_FILE, PID_FILE
 from tests.conftest import MlflowServer, group_alive, start_orchestrator
+from tests.sshd import SSHServer
 from tests.test_launch import assert_never_shared
 
 pytestmark = pytest.mark.slow
@@ -22,7 +30,7 @@ pytestmark = pytest.mark.slow
 SHORT_DECODE = ("experiment.num_prompts=1", "decode.max_new_tokens=8", "decode.tree_budgets=[4,8]")
 
 
-def run_sweep(args: list[str], mlflow_server: MlflowServer, tmp_path: Path, timeout: float = 600):
+def sweep_args(args: list[str], mlflow_server: MlflowServer, tmp_path: Path) -> list[str]:
     paths = (
         f"host.workdir={tmp_path / 'work'}",
         f"orchestrator.state_dir={tmp_path / 'state'}",
@@ -31,7 +39,11 @@ def run_sweep(args: list[str], mlflow_server: MlflowServer, tmp_path: Path, time
         f"tracking.uri={mlflow_server.uri}",
         f"hydra.sweep.dir={tmp_path / 'sweep'}",
     )
-    process = start_orchestrator(["--multirun", *args, *paths], tmp_path)
+    return ["--multirun", *args, *paths]
+
+
+def run_sweep(args: list[str], mlflow_server: MlflowServer, tmp_path: Path, timeout: float = 600):
+    process = start_orchestrator(sweep_args(args, mlflow_server, tmp_path), tmp_path)
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -123,6 +135,40 @@ def test_a_submitit_local_sweep_lands_in_mlflow_the_same_way(mlflow_server: Mlfl
     assert {r["status"] for r in summary_csv(client, parent, tmp_path)} == {"FINISHED"}
 
 
+def test_jobs_spread_over_a_pool_of_hosts(sshd: SSHServer, mlflow_server: MlflowServer, tmp_path: Path) -> None:
+    """sweep.hosts=[local, test_sshd]: even jobs on this machine, odd ones over SSH, one parent run."""
+    conf = tmp_path / "conf" / "host"
+    conf.mkdir(parents=True)
+    host = {
+        **yaml.safe_load((PROJECT_ROOT / "conf" / "host" / "localhost_ssh.yaml").read_text()),
+        "name": "test_sshd",
+        "hostname": sshd.address,
+        "port": sshd.port,
+        "user": sshd.user,
+        "identity_file": str(sshd.client_key),
+        "known_hosts": str(sshd.known_hosts),
+        "python": sys.executable,
+    }
+    (conf / "test_sshd.yaml").write_text(yaml.safe_dump(host))
+    args = [
+        "experiment=probe",
+        "seed=0,1,2",
+        "sweep.hosts=[local,test_sshd]",
+        f"hydra.searchpath=[file://{conf.parent}]",
+    ]
+    result = run_sweep(args, mlflow_server, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    client = MlflowClient(tracking_uri=mlflow_server.uri)
+    parent, jobs = sweep_runs(client, tmp_path)
+    assert [(j.data.tags["host"], j.info.status) for j in jobs] == [
+        ("local", "FINISHED"),
+        ("test_sshd", "FINISHED"),
+        ("local", "FINISHED"),
+    ]
+    assert parent.info.status == "FINISHED"
+    assert (tmp_path / "work" / "code").is_dir(), "the SSH job synced a code snapshot"
+
+
 FAILING = "model.path=/no/such/model"  # with model.source=pretrained: the preflight fails, fast
 
 
@@ -139,6 +185,45 @@ def test_a_failed_job_does_not_stop_the_others(mlflow_server: MlflowServer, tmp_
     failed = [r for r in summary_csv(client, parent, tmp_path) if r["status"] != "FINISHED"]
     assert [(r["job"], r["status"], r["error"]) for r in failed] == [("1", "FAILED", error)]
     assert f"job #1 FAILED (model.source=pretrained): {error}" in " ".join(result.stdout.split())
+
+
+def test_a_job_with_a_bad_config_is_a_failed_row_not_a_gap(mlflow_server: MlflowServer, tmp_path: Path) -> None:
+    result = run_sweep(["experiment=probe", "probe.tree_size=4,0"], mlflow_server, tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    client = MlflowClient(tracking_uri=mlflow_server.uri)
+    parent, jobs = sweep_runs(client, tmp_path)
+    assert [j.info.status for j in jobs] == ["FINISHED"]
+    rows = summary_csv(client, parent, tmp_path)
+    assert [(r["job"], r["status"]) for r in rows] == [("0", "FINISHED"), ("1", "FAILED")]
+    assert rows[1]["error"] == "config error: probe.tree_size=0 must be an integer >= 1"
+    assert parent.info.status == "FAILED"
+
+
+def test_ctrl_c_stops_every_job_of_a_parallel_sweep(mlflow_server: MlflowServer, tmp_path: Path) -> None:
+    long_decode = ("experiment.num_prompts=3", "decode.max_new_tokens=2000", "decode.tree_budgets=[4]")
+    args = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "seed=0,1,2", *long_decode]
+    process = start_orchestrator(sweep_args(args, mlflow_server, tmp_path), tmp_path, own_group=True)
+    try:
+        deadline = time.monotonic() + 180
+        while len(list((tmp_path / "work" / "runs").glob("*/pid"))) < 2:  # both running jobs have a worker
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+            time.sleep(0.2)
+        os.killpg(process.pid, signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 130, stdout + stderr
+    client = MlflowClient(tracking_uri=mlflow_server.uri)
+    parent, jobs = sweep_runs(client, tmp_path)
+    assert parent.info.status == "KILLED"
+    assert [j.info.status for j in jobs] == ["KILLED"] * 3
+    # A running job hears the Ctrl-C itself, or first sees the sweep cancelled by the launching process.
+    stopped = {"interrupted by the user (Ctrl-C)", "cancelled: the sweep was interrupted (Ctrl-C)"}
+    assert {jobs[0].data.tags["error"], jobs[1].data.tags["error"]} <= stopped
+    assert jobs[2].data.tags["error"] == "not started: the sweep was interrupted (Ctrl-C)"
+    for pid_file in (tmp_path / "work" / "runs").glob("*/pid"):
+        assert not group_alive(int(pid_file.read_text())), "no worker survives the Ctrl-C"
 
 
 def test_fail_fast_stops_the_running_jobs_and_skips_the_rest(mlflow_server: MlflowServer, tmp_path: Path) -> None:
