@@ -144,9 +144,9 @@ class SweepCallback(Callback):
         )
         folder = Path(str(hydra_cfg.sweep.dir)).absolute()
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / SWEEP_FILE).write_text(
-            json.dumps({"parent_run_id": run.info.run_id, "experiment_id": experiment_id}) + "\n", encoding="utf-8"
-        )
+        (folder / CANCELLED_FILE).unlink(missing_ok=True)  # a sweep folder given again: forget the last sweep
+        record = {"parent_run_id": run.info.run_id, "experiment_id": experiment_id, "started": time.time()}
+        (folder / SWEEP_FILE).write_text(json.dumps(record) + "\n", encoding="utf-8")
         Console().print(f"[bold]sweep[/bold] {run.info.run_id} · jobs are its child runs · {folder}")
         self._sweep = Sweep(folder, run.info.run_id, -1, bool(config.sweep.fail_fast))
         self._previous_handler = signal.signal(signal.SIGINT, self._interrupted)
@@ -173,18 +173,26 @@ class SweepCallback(Callback):
         folder = Path(str(config.hydra.sweep.dir)).absolute()
         record = json.loads((folder / SWEEP_FILE).read_text(encoding="utf-8"))
         status = summarize_sweep(
-            connect(tracking), record["experiment_id"], record["parent_run_id"], Console(), _runless_jobs(folder)
+            connect(tracking),
+            record["experiment_id"],
+            record["parent_run_id"],
+            Console(),
+            _runless_jobs(folder, record["started"] - 1.0),  # 1 s for file systems with coarse times
         )
         last_exit_code = EXIT_CODES[status]
 
 
-def _runless_jobs(folder: Path) -> dict[int, str]:
-    """Every job folder Hydra made, with the error its job recorded, if any (jobs with a run ignore it)."""
+def _runless_jobs(folder: Path, started: float) -> dict[int, str]:
+    """Every job folder Hydra made for this sweep, with the error its job recorded before it had a run.
+
+    Folders and errors older than the sweep belong to an earlier sweep that used the same folder."""
     jobs = {}
     for job_dir in folder.iterdir():
-        if job_dir.is_dir() and job_dir.name.isdigit():
+        written = job_dir / ".hydra" / "overrides.yaml"  # Hydra writes it when the job starts
+        if job_dir.name.isdigit() and written.is_file() and written.stat().st_mtime >= started:
             error = job_dir / JOB_ERROR_FILE
-            jobs[int(job_dir.name)] = error.read_text(encoding="utf-8").strip() if error.exists() else ""
+            fresh = error.exists() and error.stat().st_mtime >= started
+            jobs[int(job_dir.name)] = error.read_text(encoding="utf-8").strip() if fresh else ""
     return jobs
 
 

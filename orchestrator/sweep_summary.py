@@ -153,16 +153,24 @@ def summarize_sweep(
 
 
 def _table(rows: list[Row], status: str) -> Table:
+    """The terminal's version: a job's overrides on its first row only, short headers."""
     table = Table(title=f"Sweep summary: [{STATUS_STYLE.get(status, 'white')}]{status}[/]", title_justify="left")
-    for name in ("job", "status", "varies", "method", "tau", "speedup_vs_ar", "tokens_per_s", "lossless"):
-        table.add_column(name, overflow="fold")
+    table.add_column("job", no_wrap=True)
+    table.add_column("status", no_wrap=True)
+    table.add_column("varies", overflow="fold")
+    for name in ("method", "tau", "×AR", "tok/s", "lossless"):
+        table.add_column(name, no_wrap=True)
+    previous = None
     for row in rows:
+        first = row.job != previous
+        previous = row.job
         style = STATUS_STYLE.get(row.status, "white")
         table.add_row(
-            str(row.job),
-            f"[{style}]{row.status}[/]",
-            row.varies,
+            str(row.job) if first else "",
+            f"[{style}]{row.status}[/]" if first else "",
+            "\n".join(row.varies.split()) if first else "",
             row.method,
             *(_cell(getattr(row, k)) for k in ("tau", "speedup_vs_ar", "tokens_per_s", "lossless")),
+            end_section=False,
         )
     return table
