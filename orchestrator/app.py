@@ -291,21 +291,31 @@ def _launch_and_follow(
     except HostUnreachable as exc:
         return Outcome(DETACHED, str(exc), stage)
     except (KeyboardInterrupt, SweepCancelled) as exc:
-        ctrl_c.stopping()
         reason = f"cancelled: {exc}" if isinstance(exc, SweepCancelled) else "interrupted by the user (Ctrl-C)"
-        live.note(f"[yellow]{reason}: stopping the worker[/yellow]")
-        stop_worker(transport, run_dir, grace)
-        drain(transport, sink, live.show)
-        return Outcome("KILLED", reason, stage)
+        return _stop_on_request(transport, sink, live, ctrl_c, reason, stage, grace)
     except PreflightFailed as exc:
         return Outcome("FAILED", str(exc), stage)
     except (ConnectFailed, HostKeyRefused) as exc:
         return Outcome("FAILED", f"{host['name']}: {exc}", stage)
     except Exception as exc:  # noqa: BLE001 - any failure ends the run FAILED, with the worker stopped
+        if ctrl_c.requested:  # a local command the Ctrl-C also reached failed before the flag was seen
+            return _stop_on_request(transport, sink, live, ctrl_c, "interrupted by the user (Ctrl-C)", stage, grace)
         if stage in ("launch", "stream"):
             with contextlib.suppress(Exception):
                 stop_worker(transport, run_dir, grace)
         return Outcome("FAILED", f"{host['name']}: {type(exc).__name__}: {exc}", stage)
+
+
+def _stop_on_request(
+    transport: Transport, sink: MlflowSink, live: LiveProgress, ctrl_c: CtrlC, reason: str, stage: str, grace: float
+) -> Outcome:
+    """Ctrl-C or a cancelled sweep: stop the worker, apply its last events, end the run KILLED."""
+    ctrl_c.stopping()
+    live.note(f"[yellow]{reason}: stopping the worker[/yellow]")
+    if stage in ("launch", "stream"):
+        stop_worker(transport, sink.state.run_dir, grace)
+        drain(transport, sink, live.show)
+    return Outcome("KILLED", reason, stage)
 
 
 def _log_run_files(client: MlflowClient, transport: Transport, run_id: str, run_dir: str) -> list[str]:
