@@ -9,7 +9,7 @@ ARGS ?=
 COMPAT_VENV := .venv-compat
 COMPAT_STAMP := $(COMPAT_VENV)/.installed
 
-.PHONY: run sweep test test-compat bench lint ui lock clean
+.PHONY: run sweep test test-compat bench fixtures lint ui lock clean
 
 $(STAMP): requirements/worker.txt requirements/local.txt requirements/dev.txt requirements/lock.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,10 @@ test-compat: $(COMPAT_STAMP)
 ## bench: the worker's benchmark (JSON and a Markdown table in bench/results/)
 bench: $(STAMP)
 	$(PY) -m bench.run $(ARGS)
+
+## fixtures: train the tiny trained pairs again (about 25 minutes on 2 CPU cores) into remote_worker/fixtures/
+fixtures: $(STAMP)
+	$(PY) -m training $(ARGS)
 
 ## lint: ruff over the whole tree
 lint: $(STAMP)

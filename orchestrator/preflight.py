@@ -25,7 +25,8 @@ def checkpoint_paths(model: dict[str, Any]) -> dict[str, str]:
     draft = model.get("draft") or {}
     if draft.get("source") == "pretrained":
         paths["model.draft.path"] = str(draft["path"])
-    return paths
+    # A relative path names a fixture shipped inside the worker's package: it travels with the code.
+    return {key: path for key, path in paths.items() if path.startswith("/")}
 
 
 def run_preflight(transport: Transport, host: dict[str, Any], model: dict[str, Any], python: str) -> dict[str, Any]:

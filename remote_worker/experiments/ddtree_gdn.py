@@ -16,7 +16,7 @@ import torch
 
 from remote_worker.decoding.loop import STAGES, DecodeResult, decode
 from remote_worker.events import EventLog
-from remote_worker.models.loading import load_drafter, load_model, load_tokenizer, stop_token_ids
+from remote_worker.models.loading import load_drafter, load_model, load_tokenizer, model_prompts, stop_token_ids
 from remote_worker.models.target import TargetModel
 from remote_worker.prompts import decode_text, encode, load_prompts
 from remote_worker.spec import Spec
@@ -43,8 +43,10 @@ class Totals:
     stage_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     matches: int = 0
     prompts: int = 0
+    repetitive_rounds: int = 0
 
-    def add(self, result: DecodeResult, matches_ar: bool) -> None:
+    def add(self, result: DecodeResult, matches_ar: bool, prompt: list[int]) -> None:
+        self.repetitive_rounds += repetitive_rounds(prompt, result.tokens, result.acceptance_lengths)
         self.tokens += len(result.tokens)
         self.seconds += result.total_seconds
         self.first_token_seconds.append(result.first_token_seconds)
@@ -69,6 +71,7 @@ class Totals:
             "tpot_ms": 1000 * (self.seconds - sum(self.first_token_seconds)) / later_tokens,
             **{f"{stage}_ms_per_round": 1000 * seconds / rounds for stage, seconds in self.stage_seconds.items()},
             "rounds": float(len(self.acceptance_lengths)),
+            "repetition_share": self.repetitive_rounds / rounds,
             "generated_tokens": float(self.tokens),
         }
 
@@ -89,7 +92,9 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
         drafter.block_size = int(spec.decode["block_size"])
     tokenizer = load_tokenizer(spec.model)
     stops = stop_token_ids(model, tokenizer)
-    prompts = load_prompts(spec.experiment.get("prompts"), spec.experiment.get("num_prompts"))
+    prompts = load_prompts(
+        spec.experiment.get("prompts") or model_prompts(spec.model), spec.experiment.get("num_prompts")
+    )
     methods = methods_for(spec)
     log.progress("setup", 2, 2, f"{len(prompts)} prompts × {len(methods)} methods")
     for method in methods:
@@ -133,7 +138,7 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
             if reference is None:
                 reference = result.tokens
             matches = temperature == 0 and result.tokens == reference
-            totals[method.scope].add(result, matches)
+            totals[method.scope].add(result, matches, ids.tolist())
             _emit_rounds(log, method.scope, result.acceptance_lengths, rounds_so_far)
             generations.append(
                 {
@@ -153,6 +158,22 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
         log.emit("metrics", metrics, scope=scope, step=0)
     _write_artifacts(spec, log, methods, summary, totals, generations)
     return _terminal_summary(summary, temperature)
+
+
+def repetitive_rounds(prompt: list[int], tokens: list[int], acceptance_lengths: list[int], max_period: int = 16) -> int:
+    """Rounds whose committed tokens only repeat what came `p` tokens earlier, for some period p <= 16.
+
+    A tiny model easily falls into a loop or a run of whitespace, which any drafter predicts perfectly; this
+    counts such rounds, so that a high tau can be told apart from a degenerate continuation."""
+    sequence, start, count = prompt + tokens, len(prompt), 0
+    for accepted in acceptance_lengths:
+        end = min(start + accepted + 1, len(sequence))
+        if any(
+            all(sequence[k] == sequence[k - p] for k in range(start, end)) for p in range(1, min(max_period, start) + 1)
+        ):
+            count += 1
+        start = end
+    return count
 
 
 def _emit_rounds(log: EventLog, scope: str, lengths: list[int], rounds_so_far: dict[str, int]) -> None:
@@ -186,6 +207,7 @@ def _terminal_summary(summary: dict[str, dict[str, float]], temperature: float) 
     lines = {}
     for scope, m in summary.items():
         text = f"tau {m['tau']:.2f} · {m['tokens_per_s']:.1f} tok/s · ×{m['speedup_vs_ar']:.2f} vs AR"
+        text += f" · repetition {m['repetition_share']:.2f}"
         if temperature == 0:
             text += f" · lossless {m['lossless']:.2f}"
         lines[scope] = text

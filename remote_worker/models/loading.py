@@ -19,6 +19,15 @@ DTYPES = {
 }
 
 
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
+
+
+def checkpoint_dir(path: str | None) -> Path:
+    """A checkpoint directory; a relative path names a fixture inside this package (remote_worker/fixtures/...)."""
+    folder = Path(path or "")
+    return folder if folder.is_absolute() else PACKAGE_DIR / folder
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -46,7 +55,7 @@ def load_model(spec: ModelSpec, seed: int) -> transformers.PreTrainedModel:
         torch.manual_seed(seed)
         model = cls(config).to(dtype=dtype)
     else:
-        path = Path(spec.path or "")
+        path = checkpoint_dir(spec.path)
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"model directory {path} has no config.json (model.path)")
         model = cls.from_pretrained(path, dtype=dtype)
@@ -61,7 +70,7 @@ def load_drafter(spec: ModelSpec, seed: int, target: transformers.PreTrainedMode
     if spec.draft.source == "config":
         draft = build_draft(spec.draft.config, seed, parameter.dtype, parameter.device)
     else:
-        draft = load_draft(Path(spec.draft.path or ""), parameter.dtype, parameter.device)
+        draft = load_draft(checkpoint_dir(spec.draft.path), parameter.dtype, parameter.device)
     hidden = target.get_input_embeddings().embedding_dim
     if draft.config.hidden_size != hidden:
         raise ValueError(f"draft hidden_size {draft.config.hidden_size} differs from the target's {hidden}")
@@ -72,7 +81,15 @@ def load_tokenizer(spec: ModelSpec) -> Any | None:
     """The checkpoint's tokenizer; None for models built from a config (their prompts are bytes)."""
     if spec.source != "pretrained":
         return None
-    return transformers.AutoTokenizer.from_pretrained(spec.path)
+    return transformers.AutoTokenizer.from_pretrained(checkpoint_dir(spec.path))
+
+
+def model_prompts(spec: ModelSpec) -> str | None:
+    """A checkpoint may ship its own evaluation prompts (`prompts.jsonl`, e.g. held-out text for a fixture)."""
+    if spec.source != "pretrained":
+        return None
+    prompts = checkpoint_dir(spec.path) / "prompts.jsonl"
+    return str(prompts) if prompts.is_file() else None
 
 
 def stop_token_ids(model: transformers.PreTrainedModel, tokenizer: Any | None) -> frozenset[int]:

@@ -1,0 +1,26 @@
+"""The draft's batched training forward computes what `propose` gives at each anchor, block by block."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.tiny_models import tiny
+from training.draft_forward import block_logits
+
+
+@pytest.mark.parametrize("name", ["tiny_hybrid", "tiny_dense"])
+def test_training_forward_matches_propose_at_every_anchor(name: str) -> None:
+    target, draft = tiny(name, "float64")
+    tokens = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(0))
+    cache = target.new_cache()
+    features = target.prefill(cache, tokens, draft.feature_layers)
+    anchors = torch.tensor([1, 7, 20, 39])
+    with torch.no_grad():
+        batched = torch.log_softmax(block_logits(draft, features, tokens, anchors, target.embed, target.head), -1)
+    mask = target.embed(torch.tensor(draft.mask_token_id))
+    for row, anchor in enumerate(anchors.tolist()):
+        draft.reset()
+        draft.extend_context(features[:anchor])  # the features of the positions before the root only
+        expected = draft.propose(target.embed(tokens[anchor]), mask, target.head)
+        torch.testing.assert_close(batched[row], expected, rtol=1e-9, atol=1e-9)
