@@ -96,11 +96,11 @@ def test_probe_run_is_tracked_completely(mlflow_server: MlflowServer, job_paths:
     assert run.info.status == "FINISHED"
     assert client.get_experiment(run.info.experiment_id).name == "probe"
     params, tags = run.data.params, run.data.tags
-    assert params["model.name"] == "tiny_hybrid" and params["host.name"] == "local"
+    assert params["model.name"] == "tiny_trained" and params["host.name"] == "local"
     assert params["probe.model.class"] == "Qwen3_5ForCausalLM"
     assert params["probe.model.layer_type_counts"] == "full_attention=1, linear_attention=3"
     assert params["probe.cache.reports_croppable"] == "False"
-    assert tags["host"] == "local" and tags["model"] == "tiny_hybrid"
+    assert tags["host"] == "local" and tags["model"] == "tiny_trained"
     assert tags["remote.torch"].startswith("2.13.0") and tags["remote.transformers"]
     assert tags["remote.gpus"] == "none"
     assert len(tags["git.commit"]) in (40, len("unknown")) and tags["mlflow.source.git.commit"] == tags["git.commit"]
@@ -116,7 +116,7 @@ def test_probe_run_is_tracked_completely(mlflow_server: MlflowServer, job_paths:
     assert probe == json.loads((run_dir / "probe.json").read_text())
     assert probe["model"]["num_parameters"] == run.data.metrics["probe.model.num_parameters"]
     config = yaml.safe_load(download_text(client, run_id, "config.yaml", tmp_path))
-    assert config["model"]["name"] == "tiny_hybrid" and config["tracking"]["uri"] == mlflow_server.uri
+    assert config["model"]["name"] == "tiny_trained" and config["tracking"]["uri"] == mlflow_server.uri
 
     # Nothing lost, nothing duplicated: MLflow holds exactly what the worker wrote.
     assert mlflow_metrics(client, run_id) == worker_metrics(run_dir)

@@ -44,9 +44,12 @@ class Totals:
     matches: int = 0
     prompts: int = 0
     repetitive_rounds: int = 0
+    fresh_round_tokens: list[int] = field(default_factory=list)  # tokens per round of the other rounds
 
     def add(self, result: DecodeResult, matches_ar: bool, prompt: list[int]) -> None:
-        self.repetitive_rounds += repetitive_rounds(prompt, result.tokens, result.acceptance_lengths)
+        flags = repetition_flags(prompt, result.tokens, result.acceptance_lengths)
+        self.repetitive_rounds += sum(flags)
+        self.fresh_round_tokens += [a + 1 for a, f in zip(result.acceptance_lengths, flags, strict=True) if not f]
         self.tokens += len(result.tokens)
         self.seconds += result.total_seconds
         self.first_token_seconds.append(result.first_token_seconds)
@@ -72,6 +75,7 @@ class Totals:
             **{f"{stage}_ms_per_round": 1000 * seconds / rounds for stage, seconds in self.stage_seconds.items()},
             "rounds": float(len(self.acceptance_lengths)),
             "repetition_share": self.repetitive_rounds / rounds,
+            "tau_without_repetition": sum(self.fresh_round_tokens) / max(len(self.fresh_round_tokens), 1),
             "generated_tokens": float(self.tokens),
         }
 
@@ -160,20 +164,24 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     return _terminal_summary(summary, temperature)
 
 
-def repetitive_rounds(prompt: list[int], tokens: list[int], acceptance_lengths: list[int], max_period: int = 16) -> int:
-    """Rounds whose committed tokens only repeat what came `p` tokens earlier, for some period p <= 16.
+def repetition_flags(
+    prompt: list[int], tokens: list[int], acceptance_lengths: list[int], max_period: int = 16
+) -> list[bool]:
+    """For each round: do its committed tokens only repeat what came `p` tokens earlier, for some p <= 16?
 
     A tiny model easily falls into a loop or a run of whitespace, which any drafter predicts perfectly; this
-    counts such rounds, so that a high tau can be told apart from a degenerate continuation."""
-    sequence, start, count = prompt + tokens, len(prompt), 0
+    marks such rounds, so that a high tau can be told apart from a degenerate continuation."""
+    sequence, start, flags = prompt + tokens, len(prompt), []
     for accepted in acceptance_lengths:
         end = min(start + accepted + 1, len(sequence))
-        if any(
-            all(sequence[k] == sequence[k - p] for k in range(start, end)) for p in range(1, min(max_period, start) + 1)
-        ):
-            count += 1
+        flags.append(
+            any(
+                all(sequence[k] == sequence[k - p] for k in range(start, end))
+                for p in range(1, min(max_period, start) + 1)
+            )
+        )
         start = end
-    return count
+    return flags
 
 
 def _emit_rounds(log: EventLog, scope: str, lengths: list[int], rounds_so_far: dict[str, int]) -> None:

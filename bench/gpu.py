@@ -1,0 +1,132 @@
+"""The GPU benchmark (`bench/gpu.sh`): one table, in well under 8 minutes on one GPU.
+
+1. Verify cost at Qwen3.6-27B layer sizes (random weights, bfloat16): one period of its layer pattern
+   (three Gated DeltaNet layers and one gated full-attention layer) after a 2048-token prefill, a DDTree
+   tree of N nodes against a chain of N tokens, timed alternately with CUDA synchronisation.
+2. End-to-end decoding on the trained tiny pairs (AR, DFlash, DDTree at budget 32) on the GPU.
+
+`--device cpu --small` runs the same code with small layers, to check the script without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+from bench.decode_figures import decode_figures
+from remote_worker.cache.tree import Tree
+from remote_worker.decoding.tree_build import best_first_tree
+from remote_worker.models.target import TargetModel
+
+RESULTS = Path(__file__).parent / "results"
+
+# Qwen3.5/3.6-27B text layers (check against the checkpoint's config.json); a small stand-in for --small.
+LAYER_SIZES = {
+    "qwen3_6_27b": {
+        "hidden_size": 5120,
+        "intermediate_size": 17408,
+        "num_attention_heads": 24,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 48,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4,
+        "vocab_size": 248320,
+    },
+    "small": {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+        "linear_conv_kernel_dim": 4,
+        "vocab_size": 512,
+    },
+}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def verify_costs(sizes: dict, device: torch.device, prefill: int, repeats: int) -> list[dict]:
+    config = transformers.Qwen3_5TextConfig(
+        **sizes,
+        num_hidden_layers=4,
+        layer_types=["linear_attention"] * 3 + ["full_attention"],
+        max_position_embeddings=8192,
+    )
+    torch.manual_seed(0)
+    model = transformers.Qwen3_5ForCausalLM(config).to(device=device, dtype=torch.bfloat16).eval()
+    target = TargetModel(model)
+    generator = torch.Generator().manual_seed(0)
+    cache = target.new_cache()
+    with torch.no_grad():
+        target.prefill(cache, torch.randint(0, sizes["vocab_size"], (prefill,), generator=generator), chunk=256)
+    rows = []
+    for nodes in (16, 32, 64, 128):
+        chain = Tree.chain(torch.randint(0, sizes["vocab_size"], (nodes,), generator=generator))
+        log_probs = torch.log_softmax(torch.randn(15, sizes["vocab_size"], generator=generator) * 3, dim=-1)
+        tree = best_first_tree(int(chain.tokens[0]), log_probs, budget=nodes - 1).tree
+        times: dict[str, list[float]] = {"chain": [], "tree": []}
+        for index in range(repeats + 3):
+            for name, shape in (("chain", chain), ("tree", tree)):
+                _sync(device)
+                start = time.perf_counter()
+                target.verify(cache, shape)
+                _sync(device)
+                if index >= 3:  # the first rounds warm up kernels and allocators
+                    times[name].append(time.perf_counter() - start)
+        chain_ms, tree_ms = (1000 * statistics.median(times[k]) for k in ("chain", "tree"))
+        rows.append({"nodes": nodes, "tree_depth": int(tree.depths.max()), "chain_ms": chain_ms, "tree_ms": tree_ms})
+    del model, target, cache
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--small", action="store_true", help="small layers (a check of the script, not a result)")
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args()
+    torch.set_grad_enabled(False)
+    device = torch.device(args.device)
+    name = "small" if args.small else "qwen3_6_27b"
+    started = time.monotonic()
+    verify = verify_costs(LAYER_SIZES[name], device, prefill=256 if args.small else 2048, repeats=args.repeats)
+    decoding = [decode_figures(pair, repeats=2, device=args.device, budgets=(32,)) for pair in ("tiny_trained",)]
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    results = {"device": gpu, "layer_sizes": name, "verify": verify, "decode": decoding}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "gpu.json").write_text(json.dumps(results, indent=1) + "\n")
+    print(f"{gpu}, torch {torch.__version__}, {time.monotonic() - started:.0f} s")
+    print(f"| verify at {name} layer sizes (3 GDN + 1 attention, bf16) | tree ms | chain ms | tree / chain |")
+    print("|---|---|---|---|")
+    for row in verify:
+        print(
+            f"| {row['nodes']} nodes (tree depth {row['tree_depth']}) | {row['tree_ms']:.2f} | {row['chain_ms']:.2f} "
+            f"| {row['tree_ms'] / row['chain_ms']:.2f} |"
+        )
+    for pair in decoding:
+        for row in pair["methods"]:
+            print(
+                f"| {pair['model']} {row['method']} | tau {row['tau']:.2f} | {row['tokens_per_s']:.0f} tok/s "
+                f"| ×{row['speedup_vs_ar']:.2f} vs AR, lossless {row['lossless']:.0f} |"
+            )
+
+
+if __name__ == "__main__":
+    main()
