@@ -150,7 +150,7 @@ def run_job(cfg: DictConfig) -> int:
     stderr_tail: list[str] = []
     if outcome.stage != "connect":  # past a failed connect there is nothing to fetch
         try:
-            if outcome.stage == "stream":  # a fresh connection: the streaming one may have been cut
+            if outcome.stage in ("stream", "worker"):  # a fresh connection: the streaming one may have been cut
                 transport.reconnect()
             stderr_tail = _log_run_files(client, transport, run_id, run_dir)
             if outcome.status == "FINISHED":
@@ -285,7 +285,7 @@ def _launch_and_follow(
         if gone is not None:
             return Outcome("FAILED", f"{gone.describe()} before reporting an end event", "worker")
         assert sink.end is not None
-        if wait_for_exit(transport, run_dir, grace).alive:
+        if wait_for_exit(transport, run_dir, grace, budget, live.note).alive:
             stop_worker(transport, run_dir, grace)
         return Outcome(str(sink.end.get("status", "FAILED")), sink.end.get("error"), "worker")
     except HostUnreachable as exc:

@@ -103,11 +103,26 @@ def follow(
         time.sleep(poll_interval_s)
 
 
-def wait_for_exit(transport: Transport, run_dir: str, timeout_s: float) -> WorkerStatus:
-    """After `end`, the worker only has to close its files; give it `timeout_s` to be gone."""
+def wait_for_exit(
+    transport: Transport,
+    run_dir: str,
+    timeout_s: float,
+    reconnect_budget_s: float = 0.0,
+    note: Callable[[str], None] = print,
+) -> WorkerStatus:
+    """After `end`, the worker only has to close its files; give it `timeout_s` to be gone.
+
+    The connection may still drop here (the end event was read, the status question was not answered):
+    reconnect as while following, so a finished run is never turned FAILED by the network."""
+    reconnect = _Reconnect(transport, reconnect_budget_s, note)
     deadline = time.monotonic() + timeout_s
     while True:
-        status = worker_status(transport, run_dir)
+        try:
+            status = worker_status(transport, run_dir)
+        except CONNECTION_ERRORS as error:
+            reconnect.after(error)
+            continue
+        reconnect.succeeded()
         if not status.alive or time.monotonic() > deadline:
             return status
         time.sleep(0.1)

@@ -173,7 +173,7 @@ FAILING = "model.path=/no/such/model"  # with model.source=pretrained: the prefl
 
 
 def test_a_failed_job_does_not_stop_the_others(mlflow_server: MlflowServer, tmp_path: Path) -> None:
-    args = ["experiment=probe", "model.source=config,pretrained,config", FAILING]
+    args = ["experiment=probe", "model=tiny_hybrid", "model.source=config,pretrained,config", FAILING]
     result = run_sweep(args, mlflow_server, tmp_path)
     assert result.returncode == 1, result.stdout + result.stderr
     client = MlflowClient(tracking_uri=mlflow_server.uri)
@@ -230,7 +230,7 @@ def test_fail_fast_stops_the_running_jobs_and_skips_the_rest(mlflow_server: Mlfl
     """Job 0 decodes for long; job 1 fails at once: job 0's worker is stopped, jobs 2 and 3 never start."""
     long_decode = ("experiment.num_prompts=3", "decode.max_new_tokens=2000", "decode.tree_budgets=[4]")
     args = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "sweep.fail_fast=true"]
-    args += ["seed=0,1", "model.source=config,pretrained", FAILING, *long_decode]
+    args += ["seed=0,1", "model=tiny_hybrid", "model.source=config,pretrained", FAILING, *long_decode]
     result = run_sweep(args, mlflow_server, tmp_path)
     assert result.returncode == 1, result.stdout + result.stderr
     client = MlflowClient(tracking_uri=mlflow_server.uri)

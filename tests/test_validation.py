@@ -24,7 +24,7 @@ def composed(overrides: list[str]) -> dict:
 def test_default_config_is_valid() -> None:
     config = composed([])
     assert config["host"]["kind"] == "local"
-    assert config["model"]["name"] == "tiny_hybrid"
+    assert config["model"]["name"] == "tiny_trained"
     assert config["experiment"]["name"] == "ddtree_gdn"
     assert config["tracking"]["uri"].startswith("sqlite:///")
 
@@ -49,7 +49,7 @@ def test_valid_choices_and_plain_keys_pass() -> None:
     [
         ("model.dtype=float17", "model.dtype='float17' is not one of: float32, float64, bfloat16, float16"),
         ("model.device=tpu", "model.device='tpu' is not one of: auto, cpu, cuda"),
-        ("model.source=pretrained", "model.path must name a checkpoint directory when model.source='pretrained'"),
+        ("model.path=null", "model.path must name a checkpoint directory when model.source='pretrained'"),
         ("tracking.uri=ftp://x", "tracking.uri='ftp://x' must start with sqlite:///... or file:... for tracking=local"),
         ("seed=-1", "seed=-1 must be an integer >= 0"),
         ("probe.crop_tokens=16", "probe.crop_tokens=16 must be smaller than probe.prefill_tokens=16"),
