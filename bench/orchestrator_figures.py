@@ -38,24 +38,6 @@ from tests.sshd import SSHServer, sshd_available, start_sshd, stop_sshd
 POLL_INTERVAL_S = 0.25  # conf/config.yaml's orchestrator.poll_interval_s
 
 
-def _host(server: SSHServer, workdir: Path) -> dict[str, Any]:
-    return {
-        "name": "localhost_ssh",
-        "kind": "ssh",
-        "hostname": server.address,
-        "user": server.user,
-        "port": server.port,
-        "identity_file": str(server.client_key),
-        "proxy_jump": None,
-        "known_hosts": str(server.known_hosts),
-        "accept_new_host_key": False,
-        "workdir": str(workdir),
-        "connect_timeout_s": 10,
-        "keepalive_s": 5,
-        "keepalive_count_max": 3,
-    }
-
-
 def _median_ms(samples: list[float]) -> float:
     return 1000 * statistics.median(samples)
 
@@ -70,7 +52,7 @@ def sync_times(server: SSHServer, root: Path, repeats: int, extra_mib: int = 0) 
         (tree / "remote_worker" / f"blob{i}.bin").write_bytes(os.urandom(1 << 20))
     changing = tree / "remote_worker" / "runner.py"
     original = changing.read_text()
-    transport = SSHTransport(_host(server, root))
+    transport = SSHTransport(server.host_config(root, keepalive_s=5))
     transport.open()
     times: dict[str, list[float]] = {
         k: [] for k in ("full_rsync", "full_tar", "unchanged", "one_file_rsync", "one_file_tar")
@@ -110,7 +92,7 @@ def event_latency(server: SSHServer, client: MlflowClient, experiment_id: str, r
     """p50/p95 from the worker's write to MLflow, with events every 20 ms through the real follow loop."""
     run_dir = root / "latency-run"
     run_dir.mkdir()
-    transport = SSHTransport(_host(server, root))
+    transport = SSHTransport(server.host_config(root, keepalive_s=5))
     transport.open()
     sink = _sink(client, experiment_id, run_dir, root / "latency-state", transport)
     log = EventLog(run_dir)

@@ -9,6 +9,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,6 +38,32 @@ class SSHServer:
             f"host.identity_file={self.client_key}",
             f"host.known_hosts={self.known_hosts}",
         ]
+
+    def host_config(self, workdir: Path, **changes: object) -> dict:
+        """A resolved SSH host config for this server, as the orchestrator's transport takes it."""
+        config = {
+            "name": "localhost_ssh",
+            "kind": "ssh",
+            "hostname": self.address,
+            "user": self.user,
+            "port": self.port,
+            "identity_file": str(self.client_key),
+            "proxy_jump": None,
+            "known_hosts": str(self.known_hosts),
+            "accept_new_host_key": False,
+            "python": sys.executable,
+            "workdir": str(workdir),
+            "env": {},
+            "gpus": "none",
+            "gpu_lock_dir": str(workdir / "locks"),
+            "connect_timeout_s": 10,
+            "keepalive_s": 2,
+            "keepalive_count_max": 3,
+            "sync": "auto",
+            "reconnect_budget_s": 30,
+        }
+        config.update(changes)
+        return config
 
     def connection_pids(self) -> list[int]:
         """The per-connection sshd processes (children of the listener)."""

@@ -25,32 +25,6 @@ from tests.test_end_to_end import mlflow_metrics, worker_metrics_for
 pytestmark = pytest.mark.slow
 
 
-def host_config(server: SSHServer, workdir: Path, **changes: object) -> dict:
-    config = {
-        "name": "localhost_ssh",
-        "kind": "ssh",
-        "hostname": "127.0.0.1",
-        "user": server.user,
-        "port": server.port,
-        "identity_file": str(server.client_key),
-        "proxy_jump": None,
-        "known_hosts": str(server.known_hosts),
-        "accept_new_host_key": False,
-        "python": sys.executable,
-        "workdir": str(workdir),
-        "env": {},
-        "gpus": "none",
-        "gpu_lock_dir": str(workdir / "locks"),
-        "connect_timeout_s": 10,
-        "keepalive_s": 2,
-        "keepalive_count_max": 3,
-        "sync": "auto",
-        "reconnect_budget_s": 30,
-    }
-    config.update(changes)
-    return config
-
-
 def ssh_args(server: SSHServer, mlflow_server: MlflowServer, workdir: Path, state: Path, *extra: str) -> list[str]:
     return [
         *server.host_overrides(),
@@ -99,7 +73,7 @@ def test_unchanged_tree_copies_nothing_and_a_change_makes_a_new_snapshot(
     shutil.copytree(
         PROJECT_ROOT / "remote_worker", tree / "remote_worker", ignore=shutil.ignore_patterns("__pycache__")
     )
-    transport = SSHTransport(host_config(sshd, tmp_path / "remote"))
+    transport = SSHTransport(sshd.host_config(tmp_path / "remote"))
     remote = str(tmp_path / "remote")
     try:
         first, copied = sync_code(transport, remote, root=tree, method=method)
@@ -173,13 +147,13 @@ def test_connection_failures_are_one_clear_line_and_leave_nothing(
 
 def test_accept_new_remembers_a_first_seen_key(sshd: SSHServer, tmp_path: Path) -> None:
     known = tmp_path / "known_hosts"
-    transport = SSHTransport(host_config(sshd, tmp_path, known_hosts=str(known), accept_new_host_key=True))
+    transport = SSHTransport(sshd.host_config(tmp_path, known_hosts=str(known), accept_new_host_key=True))
     try:
         assert transport.run(["echo", "hello"]).stdout == "hello\n"
     finally:
         transport.close()
     assert sshd.host_public_key in known.read_text()
-    strict = SSHTransport(host_config(sshd, tmp_path, known_hosts=str(known)))
+    strict = SSHTransport(sshd.host_config(tmp_path, known_hosts=str(known)))
     try:
         assert strict.run(["true"]).ok, "the remembered key is now known"
     finally:
@@ -190,14 +164,14 @@ def test_a_changed_host_key_is_refused_even_with_accept_new(sshd: SSHServer, tmp
     known = tmp_path / "known_hosts"
     other = "AAAAC3NzaC1lZDI1NTE5AAAAIDC5fU0VpbVl0nKuUl0E4Am8YUl0IYb3y1uM0x6s9F1w"
     known.write_text(f"[127.0.0.1]:{sshd.port} ssh-ed25519 {other}\n")
-    transport = SSHTransport(host_config(sshd, tmp_path, known_hosts=str(known), accept_new_host_key=True))
+    transport = SSHTransport(sshd.host_config(tmp_path, known_hosts=str(known), accept_new_host_key=True))
     with pytest.raises(Exception, match=r"(?i)host key"):
         transport.run(["true"])
     transport.close()
 
 
 def test_unknown_key_refusal_is_a_host_key_error(sshd: SSHServer, tmp_path: Path) -> None:
-    transport = SSHTransport(host_config(sshd, tmp_path, known_hosts=str(tmp_path / "none")))
+    transport = SSHTransport(sshd.host_config(tmp_path, known_hosts=str(tmp_path / "none")))
     with pytest.raises(HostKeyRefused):
         transport.run(["true"])
     transport.close()

@@ -21,7 +21,7 @@ from mlflow.tracking import MlflowClient
 
 from orchestrator import PROJECT_ROOT
 from orchestrator.launch import LEASE_FILE, PID_FILE
-from tests.conftest import MlflowServer, group_alive, start_orchestrator
+from tests.conftest import MlflowServer, group_alive, run_orchestrator, start_orchestrator
 from tests.sshd import SSHServer
 from tests.test_launch import assert_never_shared
 
@@ -42,15 +42,8 @@ def sweep_args(args: list[str], mlflow_server: MlflowServer, tmp_path: Path) -> 
     return ["--multirun", *args, *paths]
 
 
-def run_sweep(args: list[str], mlflow_server: MlflowServer, tmp_path: Path, timeout: float = 600):
-    process = start_orchestrator(sweep_args(args, mlflow_server, tmp_path), tmp_path)
-    try:
-        stdout, stderr = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        stdout, stderr = process.communicate()
-        pytest.fail(f"the sweep did not finish in {timeout}s\n{stdout}\n{stderr}")
-    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+def run_sweep(args: list[str], mlflow_server: MlflowServer, tmp_path: Path) -> subprocess.CompletedProcess:
+    return run_orchestrator(sweep_args(args, mlflow_server, tmp_path), tmp_path, timeout=600)
 
 
 def sweep_runs(client: MlflowClient, tmp_path: Path) -> tuple[Run, list[Run]]:
