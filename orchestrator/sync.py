@@ -21,6 +21,7 @@ from pathlib import Path
 
 from orchestrator import PROJECT_ROOT
 from orchestrator.ssh_transport import SSHTransport
+from orchestrator.transport import command_result
 
 PACKAGES = ("remote_worker",)
 COMPLETE_MARK = ".complete"
@@ -92,9 +93,7 @@ def _rsync(transport: SSHTransport, files: list[Path], root: Path, partial: str,
             f"{transport.host['hostname']}:{partial}/",
         ]
         done = subprocess.run(argv, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        detail = (done.stderr or done.stdout).strip().splitlines()
-        raise SyncFailed(f"rsync to {transport.name} exited {done.returncode}: {detail[-1] if detail else ''}")
+    command_result(argv, done.returncode, done.stdout, done.stderr, check=True)
 
 
 def sync_code(

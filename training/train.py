@@ -33,6 +33,30 @@ def _schedule(step: int, steps: int, peak: float, warmup: int) -> float:
     return peak * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
 
 
+def _optimise(
+    parameters: list[torch.nn.Parameter],
+    optimizer: torch.optim.Optimizer,
+    step_loss: Callable[[], torch.Tensor],
+    steps: int,
+    lr: float,
+    warmup: int,
+    name: str,
+    log: Log,
+) -> None:
+    """The loop both trainings share: schedule, one loss, clipped step, a log line every 50 steps."""
+    started = time.monotonic()
+    for step in range(steps):
+        for group in optimizer.param_groups:
+            group["lr"] = _schedule(step, steps, lr, warmup)
+        loss = step_loss()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(parameters, 1.0)
+        optimizer.step()
+        if step % 50 == 0 or step == steps - 1:
+            log(f"{name}: step {step}/{steps} loss {loss.item():.3f} ({time.monotonic() - started:.0f}s)")
+
+
 def target_config(arch: str, hidden: int, layers: list[str]) -> transformers.PretrainedConfig:
     common = {
         "vocab_size": VOCAB_SIZE,
@@ -76,18 +100,12 @@ def train_target(
     model = getattr(transformers, arch)(config).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.95))
     generator = torch.Generator().manual_seed(0)
-    started = time.monotonic()
-    for step in range(steps):
-        for group in optimizer.param_groups:
-            group["lr"] = _schedule(step, steps, lr, warmup=30)
+
+    def step_loss() -> torch.Tensor:
         inputs = windows(data, seq_len, batch, generator)
-        loss = model(input_ids=inputs, labels=inputs).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        if step % 50 == 0 or step == steps - 1:
-            log(f"{arch}: step {step}/{steps} loss {loss.item():.3f} ({time.monotonic() - started:.0f}s)")
+        return model(input_ids=inputs, labels=inputs).loss
+
+    _optimise(list(model.parameters()), optimizer, step_loss, steps, lr, 30, arch, log)
     return model.eval()
 
 
@@ -143,10 +161,8 @@ def train_draft(
         features = [target.prefill(target.new_cache(), seq, draft.feature_layers) for seq in sequences]
     optimizer = torch.optim.AdamW(draft.parameters(), lr=lr, weight_decay=0.01)
     generator = torch.Generator().manual_seed(1)
-    started = time.monotonic()
-    for step in range(steps):
-        for group in optimizer.param_groups:
-            group["lr"] = _schedule(step, steps, lr, warmup=20)
+
+    def step_loss() -> torch.Tensor:
         loss = torch.zeros(())
         for index in torch.randint(0, len(sequences), (batch,), generator=generator).tolist():
             tokens = sequences[index]
@@ -157,13 +173,9 @@ def train_draft(
             logits = block_logits(draft, features[index], tokens, anchors, target.embed, target.head)
             labels = tokens[anchors[:, None] + torch.arange(1, size)[None]]
             loss = loss + torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
-        loss = loss / batch
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
-        optimizer.step()
-        if step % 50 == 0 or step == steps - 1:
-            log(f"draft: step {step}/{steps} loss {loss.item():.3f} ({time.monotonic() - started:.0f}s)")
+        return loss / batch
+
+    _optimise(list(draft.parameters()), optimizer, step_loss, steps, lr, 20, "draft", log)
     return draft.eval()
 
 
