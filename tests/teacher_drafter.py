@@ -10,6 +10,16 @@ import torch
 from torch import nn
 
 
+class TeacherContext:
+    """The teacher's whole state: how many tokens are committed."""
+
+    def __init__(self, committed: int = 0) -> None:
+        self.committed = committed
+
+    def clone(self) -> TeacherContext:
+        return TeacherContext(self.committed)
+
+
 class TeacherDrafter:
     def __init__(self, sequence: list[int], vocab: int, block_size: int, seed: int, hit_rate: float = 0.7) -> None:
         self.sequence = sequence  # prompt + AR continuation
@@ -19,22 +29,23 @@ class TeacherDrafter:
         self.hit_rate = hit_rate
         self.mask_token_id = vocab - 1
         self.feature_layers = (1,)  # asks for features only to learn the committed length
-        self.committed = 0
 
-    def reset(self) -> None:
-        self.committed = 0
+    def new_context(self) -> TeacherContext:
+        return TeacherContext()
 
-    def extend_context(self, features: torch.Tensor) -> None:
-        self.committed += features.shape[0]
+    def extend(self, context: TeacherContext, features: torch.Tensor) -> None:
+        context.committed += features.shape[0]
 
-    def propose(self, root_embedding: torch.Tensor, mask_embedding: torch.Tensor, head: nn.Module) -> torch.Tensor:
+    def propose(
+        self, context: TeacherContext, root_embedding: torch.Tensor, mask_embedding: torch.Tensor, head: nn.Module
+    ) -> torch.Tensor:
         """Like a trained drafter, peaked: three candidates per position hold most of the mass. With probability
         `hit_rate` the right token is one of them, at rank 0 (a chain finds it) or rank 1-2 (only a tree does)."""
-        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.committed)
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + context.committed)
         logits = torch.randn(self.block_size - 1, self.vocab, generator=generator, dtype=torch.float64)
         for j in range(1, self.block_size):
             candidates = torch.randperm(self.vocab - 1, generator=generator)[:3].tolist()
-            position = self.committed + j  # the root sits at position `committed`
+            position = context.committed + j  # the root sits at position `committed`
             if position < len(self.sequence) and torch.rand(1, generator=generator).item() < self.hit_rate:
                 truth = self.sequence[position]
                 candidates = [c for c in candidates if c != truth][:2]

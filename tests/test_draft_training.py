@@ -5,13 +5,35 @@ from __future__ import annotations
 import pytest
 import torch
 
+from remote_worker.models.dflash import build_draft
 from tests.tiny_models import tiny
 from training.draft_forward import block_logits
 
 
-@pytest.mark.parametrize("name", ["tiny_hybrid", "tiny_dense"])
+# A draft shaped like the Qwen3.6 ones: causal, windowed sliding layers, then a full-attention layer.
+SLIDING = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    block_size=8,
+    layer_types=["sliding_attention", "full_attention"],
+    sliding_window=5,
+    use_sliding_window=True,
+    dflash_config={"target_layer_ids": [0, 2], "mask_token_id": 511},
+)
+
+
+@pytest.mark.parametrize("name", ["tiny_hybrid", "tiny_dense", "sliding_draft"])
 def test_training_forward_matches_propose_at_every_anchor(name: str) -> None:
-    target, draft = tiny(name, "float64")
+    if name == "sliding_draft":
+        target, _ = tiny("tiny_hybrid", "float64")
+        draft = build_draft(SLIDING, seed=1, dtype=torch.float64, device=torch.device("cpu"))
+    else:
+        target, draft = tiny(name, "float64")
     tokens = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(0))
     cache = target.new_cache()
     features = target.prefill(cache, tokens, draft.feature_layers)
@@ -20,7 +42,7 @@ def test_training_forward_matches_propose_at_every_anchor(name: str) -> None:
         batched = torch.log_softmax(block_logits(draft, features, tokens, anchors, target.embed, target.head), -1)
     mask = target.embed(torch.tensor(draft.mask_token_id))
     for row, anchor in enumerate(anchors.tolist()):
-        draft.reset()
-        draft.extend_context(features[:anchor])  # the features of the positions before the root only
-        expected = draft.propose(target.embed(tokens[anchor]), mask, target.head)
+        context = draft.new_context()
+        draft.extend(context, features[:anchor])  # the features of the positions before the root only
+        expected = torch.log_softmax(draft.propose(context, target.embed(tokens[anchor]), mask, target.head), -1)
         torch.testing.assert_close(batched[row], expected, rtol=1e-9, atol=1e-9)

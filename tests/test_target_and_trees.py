@@ -74,8 +74,8 @@ def all_prefix_scores(log_probs: torch.Tensor, width: int) -> list[float]:
 )
 def test_best_first_tree_holds_the_highest_scoring_nodes(depth: int, vocab: int, budget: int, seed: int) -> None:
     generator = torch.Generator().manual_seed(seed)
-    log_probs = torch.log_softmax(torch.randn(depth, vocab, generator=generator) * 3, dim=-1)
-    draft = best_first_tree(root=7, log_probs=log_probs, budget=budget)
+    log_probs = torch.log_softmax(torch.randn(depth, vocab, generator=generator, dtype=torch.float64) * 3, dim=-1)
+    draft = best_first_tree(root=7, logits=log_probs, budget=budget)
     tree = draft.tree
     expected = all_prefix_scores(log_probs, min(budget, vocab))[:budget]
     assert tree.size - 1 == len(expected)
@@ -92,6 +92,41 @@ def test_best_first_tree_holds_the_highest_scoring_nodes(depth: int, vocab: int,
 
 def test_chain_tree_takes_the_argmax_at_every_position() -> None:
     log_probs = torch.log_softmax(torch.randn(5, 11, generator=torch.Generator().manual_seed(0)), dim=-1)
-    draft = chain_tree(root=3, log_probs=log_probs, length=5)
+    draft = chain_tree(root=3, logits=log_probs, length=5)
     assert draft.tree.tokens.tolist() == [3, *log_probs.argmax(-1).tolist()]
     assert draft.tree.parents.tolist() == [-1, 0, 1, 2, 3, 4]
+
+
+def reference_order(logits: torch.Tensor, budget: int) -> list[tuple[int, ...]]:
+    """The paper's pop order written out: every rank path scored, sorted by (-score, rank path)."""
+    width = min(budget, logits.shape[1])
+    top_logits, _ = torch.topk(logits.float(), k=width, dim=-1)
+    log_probs = (top_logits - torch.logsumexp(logits.float(), dim=-1, keepdim=True)).tolist()
+    paths = [
+        ranks for depth in range(1, logits.shape[0] + 1) for ranks in itertools.product(range(width), repeat=depth)
+    ]
+
+    def score(ranks: tuple[int, ...]) -> float:
+        return sum(log_probs[d][r] for d, r in enumerate(ranks))
+
+    return sorted(paths, key=lambda ranks: (-round(score(ranks), 5), ranks))[:budget]
+
+
+def test_tied_scores_pop_in_the_papers_order() -> None:
+    """bfloat16 logits tie often: equal scores pop by rank path, as in the paper's heap, never by push order."""
+    logits = torch.tensor([[2.0, 2.0, 2.0, -9.0], [1.0, 1.0, -9.0, -9.0], [0.5, 0.5, 0.5, -9.0]]).to(torch.bfloat16)
+    for budget in (3, 5, 8, 12):
+        draft = best_first_tree(root=0, logits=logits.float(), budget=budget)
+        ranks_of = {0: ()}
+        paths = []
+        _, ids = torch.topk(logits.float(), k=min(budget, 4), dim=-1)
+        for node in range(1, draft.tree.size):
+            parent, depth = int(draft.tree.parents[node]), int(draft.tree.depths[node])
+            rank = ids[depth - 1].tolist().index(int(draft.tree.tokens[node]))
+            ranks_of[node] = (*ranks_of[parent], rank)
+            paths.append(ranks_of[node])
+        assert paths == reference_order(logits, budget), budget
+    # Before the paper's rule, ties popped in push order: (1,) then (0, 0) and (1, 0) before (0, 1).
+    draft = best_first_tree(root=0, logits=logits.float(), budget=5)
+    assert [int(d) for d in draft.tree.depths] == [0, 1, 1, 1, 2, 2]
+    assert [int(p) for p in draft.tree.parents] == [-1, 0, 0, 0, 1, 1]

@@ -49,7 +49,7 @@ def train_pair(name: str, out: Path, target_steps: int, draft_steps: int, sequen
     generator = torch.Generator().manual_seed(2)
     log(f"{name}: {sequences} greedy continuations of training prefixes")
     seqs = continuations(target.model, windows(data, PREFIX, sequences, generator), CONTINUATION)
-    values = draft_values(HIDDEN, BLOCK_SIZE, target_layer_ids=[0, len(layers) - 2])
+    values = draft_values(HIDDEN, BLOCK_SIZE, target_layer_ids=[0, len(layers) - 2], target_layers=len(layers))
     draft = train_draft(target, values, seqs, PREFIX, draft_steps, log)
     save_draft(draft, values, draft_dir)
     # Read both back through the worker's loaders, as a run will.

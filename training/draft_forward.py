@@ -34,13 +34,24 @@ def block_logits(
     positions = anchors[:, None] + torch.arange(size, device=tokens.device)[None]  # [k, size]
     cos_all, sin_all = draft.rotary_emb(block.reshape(1, k * size, -1), positions.reshape(1, -1))
     cos_blk, sin_blk = cos_all[0], sin_all[0]
-    # Query (block j, slot s) sees context keys < anchor j and every key of its own block.
-    sees_context = torch.arange(n, device=tokens.device)[None, :] < anchors[:, None]  # [k, n]
-    own_block = torch.eye(k, dtype=torch.bool, device=tokens.device)
-    visible = torch.cat(
-        [sees_context.repeat_interleave(size, 0), own_block.repeat_interleave(size, 0).repeat_interleave(size, 1)],
-        dim=1,
-    )  # [k*size, n + k*size]
+    # Query (block j, slot s) at position anchor_j + s sees context keys < anchor j and keys of its own block,
+    # each layer narrowing that by its rule (causal, window) exactly as `propose` does.
+    query_pos = positions.reshape(-1)[:, None]  # [k*size, 1]
+    context_pos = torch.arange(n, device=tokens.device)[None, :]
+    own_block = torch.eye(k, dtype=torch.bool, device=tokens.device).repeat_interleave(size, 0)
+    own_block = own_block.repeat_interleave(size, 1)  # [k*size, k*size]
+    block_pos = positions.reshape(-1)[None, :]
+
+    def visibility(causal: bool, window: int | None) -> torch.Tensor:
+        sees_context = context_pos < anchors.repeat_interleave(size)[:, None]
+        sees_block = own_block.clone()
+        if causal:
+            sees_block &= block_pos <= query_pos
+        if window is not None:
+            sees_context &= (query_pos - context_pos).abs() < window
+            sees_block &= (query_pos - block_pos).abs() < window
+        return torch.cat([sees_context, sees_block], dim=1)  # [k*size, n + k*size]
+
     h = block.reshape(k * size, -1)
     for layer in draft.layers:
         attn = layer.self_attn
@@ -53,7 +64,7 @@ def block_logits(
         groups = attn.num_heads // attn.num_kv_heads
         keys, values = keys.repeat_interleave(groups, dim=0), values.repeat_interleave(groups, dim=0)
         scores = (q @ keys.transpose(1, 2)) * attn.scaling
-        scores = scores.masked_fill(~visible[None], float("-inf"))
+        scores = scores.masked_fill(~visibility(attn.is_causal, attn.sliding_window)[None], float("-inf"))
         out = (torch.softmax(scores, dim=-1) @ values).transpose(0, 1).reshape(k * size, -1)
         h = h + attn.o_proj(out)
         h = h + layer.mlp(layer.post_attention_layernorm(h))

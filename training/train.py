@@ -128,8 +128,12 @@ def continuations(
     return sequences
 
 
-def draft_values(hidden: int, block_size: int, target_layer_ids: list[int]) -> dict[str, Any]:
+def draft_values(hidden: int, block_size: int, target_layer_ids: list[int], target_layers: int) -> dict[str, Any]:
+    """The draft's config.json. `model_type` and `num_target_layers` are there for the reference draft class,
+    which is built through AutoConfig and reads them; our loader needs neither."""
     return {
+        "model_type": "qwen3",
+        "num_target_layers": target_layers,
         "vocab_size": VOCAB_SIZE,
         "hidden_size": hidden,
         "intermediate_size": 3 * hidden,

@@ -81,6 +81,16 @@ class AttentionLayerCache:
         self.keys: torch.Tensor | None = None  # [kv_heads, capacity, head_dim]
         self.values: torch.Tensor | None = None
 
+    def clone(self) -> AttentionLayerCache:
+        copy = AttentionLayerCache()
+        if self.keys is not None and self.values is not None:
+            copy.keys, copy.values = self.keys.clone(), self.values.clone()
+        return copy
+
+    def reserve(self, needed: int) -> None:
+        if self.keys is not None:
+            self._reserve(needed, self.keys)
+
     def _reserve(self, needed: int, like: torch.Tensor) -> None:
         if self.keys is not None and self.keys.shape[1] >= needed:
             return
@@ -151,6 +161,15 @@ class GDNLayerCache:
         self.recurrent: torch.Tensor | None = None  # [v_heads, d_k, d_v], compute dtype
         self._pending: _GDNPending | None = None
 
+    def clone(self) -> GDNLayerCache:
+        copy = GDNLayerCache()
+        if self.conv is not None and self.recurrent is not None:
+            copy.conv, copy.recurrent = self.conv.clone(), self.recurrent.clone()
+        return copy
+
+    def reserve(self, needed: int) -> None:
+        """Nothing to do: a GDN layer's state has the same size at every length."""
+
     @staticmethod
     def _projections(module: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """(pre-conv q|k|v inputs [n, conv_dim], z [n, v_heads, d_v], b [n, v_heads], a [n, v_heads])."""
@@ -208,6 +227,19 @@ class HybridCache:
         self.layers: list[Any] = [GDNLayerCache() if kind == "gdn" else AttentionLayerCache() for kind in kinds]
         self.length = 0
         self.context: TreeContext | None = None
+
+    def clone(self) -> HybridCache:
+        """An independent copy of the committed state (not of a verified, uncommitted tree)."""
+        copy = HybridCache([])
+        copy.layers = [layer.clone() for layer in self.layers]
+        copy.length = self.length
+        return copy
+
+    def reserve(self, length: int) -> None:
+        """Room for `length` tokens (committed and a tree's) in every K/V buffer, so that no buffer grows
+        while decoding."""
+        for layer in self.layers:
+            layer.reserve(length)
 
     def begin(self, tree: Tree, device: torch.device, dtype: torch.dtype) -> TreeContext:
         self.context = TreeContext.build(tree, self.length, device, dtype)

@@ -6,6 +6,9 @@ the child to follow; where no child carries that token the walk stops and that t
 Every emitted token is therefore the target's choice given its prefix, so the output is what AR decoding
 gives at temperature 0 and follows the target's distribution at temperature > 0, whatever the draft says.
 AR is the same loop with a tree of one node.
+
+A prompt is prefilled once (`prefill`) and every method decodes from a copy of that state (`decode_from`),
+so the prefill, which all methods share, is measured apart from the decoding that tells them apart.
 """
 
 from __future__ import annotations
@@ -14,12 +17,13 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+from remote_worker.cache.hybrid_cache import HybridCache
 from remote_worker.cache.tree import Tree
 from remote_worker.decoding.tree_build import DraftTree, best_first_tree, chain_tree
-from remote_worker.models.dflash import DFlashDraft
 from remote_worker.models.target import TargetModel
 
 METHODS = ("ar", "dflash", "ddtree")
@@ -31,10 +35,11 @@ class DecodeResult:
     tokens: list[int]  # generated tokens (prompt excluded)
     acceptance_lengths: list[int]  # drafted tokens accepted per round (bonus excluded)
     stage_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
-    prefill_seconds: float = 0.0
-    first_token_seconds: float = 0.0  # from the start of the call until the first token was known
-    total_seconds: float = 0.0
+    decode_seconds: float = 0.0  # the rounds, from the prefilled state to the last token (prefill excluded)
+    first_token_seconds: float = 0.0  # from the start of decoding until the first token was known
     tree_sizes: list[int] = field(default_factory=list)
+    # With record_margins: per emitted token, the target's (top-1, top-2) logits where it chose that token.
+    margins: list[tuple[float, float]] = field(default_factory=list)
 
     @property
     def rounds(self) -> int:
@@ -46,22 +51,41 @@ class DecodeResult:
         return sum(a + 1 for a in self.acceptance_lengths) / max(self.rounds, 1)
 
 
+@dataclass
+class Prefill:
+    """A prompt committed to the target's cache (all but its last token, which is the first round's root)
+    and, with a drafter, to the drafter's context: the state every method's decoding starts from."""
+
+    cache: HybridCache
+    draft_context: Any | None  # the drafter's DraftContext (None: prefilled for AR only)
+    root: int
+    prompt_length: int
+    target_seconds: float  # the target's prefill
+    draft_seconds: float  # the drafter taking in the prompt's features
+
+    def fork(self) -> tuple[HybridCache, Any | None]:
+        """Independent copies of the cache and the drafter's context, for one decode."""
+        context = self.draft_context.clone() if self.draft_context is not None else None
+        return self.cache.clone(), context
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 class _Timer:
     """Per-stage wall time, synchronising the device so asynchronous CUDA work is charged to its stage."""
 
     def __init__(self, device: torch.device, result: DecodeResult) -> None:
         self.device, self.result = device, result
 
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
-        self._sync()
+        _sync(self.device)
         start = time.perf_counter()
         yield
-        self._sync()
+        _sync(self.device)
         self.result.stage_seconds[name] += time.perf_counter() - start
 
 
@@ -81,63 +105,87 @@ def walk(draft: DraftTree, targets: list[int]) -> list[int]:
     return path
 
 
-def decode(
+def prefill(target: TargetModel, prompt: torch.Tensor, drafter: Any | None = None) -> Prefill:
+    """Commit all but the last prompt token; with a drafter, give it their target features too."""
+    if prompt.shape[0] < 2:
+        raise ValueError("the prompt needs at least two tokens (a committed prefix and the first root)")
+    prompt = prompt.to(target.device)
+    feature_layers = drafter.feature_layers if drafter is not None else ()
+    cache = target.new_cache()
+    _sync(target.device)
+    started = time.perf_counter()
+    features = target.prefill(cache, prompt[:-1], feature_layers)
+    _sync(target.device)
+    target_seconds = time.perf_counter() - started
+    context = None
+    if drafter is not None:
+        context = drafter.new_context()
+        drafter.extend(context, features)
+        _sync(target.device)
+    draft_seconds = time.perf_counter() - started - target_seconds
+    return Prefill(cache, context, int(prompt[-1]), int(prompt.shape[0]), target_seconds, draft_seconds)
+
+
+def decode(target: TargetModel, prompt: torch.Tensor, *, method: str, drafter: Any | None = None, **options: Any):
+    """Prefill `prompt` and decode it with one method (see `decode_from` for the options)."""
+    start = prefill(target, prompt, None if method == "ar" else drafter)
+    return decode_from(target, start, method=method, drafter=drafter, **options)
+
+
+def decode_from(
     target: TargetModel,
-    prompt: torch.Tensor,
+    start: Prefill,
     *,
     method: str,
     max_new_tokens: int,
-    drafter: DFlashDraft | None = None,
+    drafter: Any | None = None,
     budget: int = 0,
     temperature: float = 0.0,
     stop_tokens: frozenset[int] = frozenset(),
     generator: torch.Generator | None = None,
+    record_margins: bool = False,
 ) -> DecodeResult:
+    """Decode up to `max_new_tokens` from a copy of the prefilled state `start` (which stays as it is)."""
     if method not in METHODS:
         raise ValueError(f"method={method!r} is not one of {METHODS}")
-    if method != "ar" and drafter is None:
-        raise ValueError(f"method={method!r} needs a drafter")
+    drafting = method != "ar"
+    if drafting and (drafter is None or start.draft_context is None):
+        raise ValueError(f"method={method!r} needs a drafter and a prefill that fed it the prompt")
+    cache, context = start.fork()
+    # Room for every token this decode can commit and the largest tree past them: no buffer grows mid-decode.
+    widest = 1 + (max(budget, drafter.block_size) if drafting else 0)
+    cache.reserve(start.prompt_length + max_new_tokens + widest)
+    feature_layers = drafter.feature_layers if drafting else ()
+    mask_embedding = target.embed(torch.tensor(drafter.mask_token_id, device=target.device)) if drafting else None
     result = DecodeResult(tokens=[], acceptance_lengths=[])
     timer = _Timer(target.device, result)
-    feature_layers = drafter.feature_layers if drafter is not None and method != "ar" else ()
+    root = start.root
+    _sync(target.device)
     started = time.perf_counter()
-    cache = target.new_cache()
-    prompt = prompt.to(target.device)
-    # Commit all but the last prompt token; the last one is the first round's root.
-    if prompt.shape[0] < 2:
-        raise ValueError("the prompt needs at least two tokens (a committed prefix and the first root)")
-    features = target.prefill(cache, prompt[:-1], feature_layers)
-    if feature_layers:
-        assert drafter is not None
-        drafter.reset()
-        drafter.extend_context(features)
-    result.prefill_seconds = time.perf_counter() - started
-    root = int(prompt[-1])
-    mask_embedding = target.embed(torch.tensor(drafter.mask_token_id, device=target.device)) if drafter else None
     while len(result.tokens) < max_new_tokens:
-        if method == "ar":
+        if not drafting:
             draft = DraftTree(tree=Tree.chain(torch.tensor([root])), children=[{}], scores=[0.0])
         else:
-            assert drafter is not None and mask_embedding is not None
             with timer.stage("draft"):
                 root_embedding = target.embed(torch.tensor(root, device=target.device))
-                log_probs = drafter.propose(root_embedding, mask_embedding, target.head)
+                logits = drafter.propose(context, root_embedding, mask_embedding, target.head)
             with timer.stage("tree_build"):
                 if method == "dflash":
-                    draft = chain_tree(root, log_probs, drafter.block_size - 1)
+                    draft = chain_tree(root, logits, drafter.block_size - 1)
                 else:
-                    draft = best_first_tree(root, log_probs, budget)
+                    draft = best_first_tree(root, logits, budget)
         with timer.stage("verify"):
             output = target.verify(cache, draft.tree, feature_layers)
             targets = choose(output.logits, temperature, generator).tolist()
         path = walk(draft, targets)
         with timer.stage("commit"):
             cache.commit(path)
-        if feature_layers:
-            assert drafter is not None
+        index = torch.as_tensor(path, device=target.device) if drafting or record_margins else None
+        if drafting:
             with timer.stage("draft"):  # the drafter takes in the committed tokens' target features
-                index = torch.as_tensor(path, device=target.device)
-                drafter.extend_context(torch.cat([output.hidden[i][index] for i in feature_layers], dim=-1))
+                drafter.extend(context, torch.cat([output.hidden[i][index] for i in feature_layers], dim=-1))
+        if record_margins:
+            result.margins += [tuple(row) for row in output.logits[index].topk(2, dim=-1).values.tolist()]
         result.tree_sizes.append(draft.tree.size)
         result.acceptance_lengths.append(len(path) - 1)
         emitted = [int(draft.tree.tokens[i]) for i in path[1:]] + [targets[path[-1]]]
@@ -152,5 +200,7 @@ def decode(
         if done:
             break
         root = emitted[-1]
-    result.total_seconds = time.perf_counter() - started
+    _sync(target.device)
+    result.decode_seconds = time.perf_counter() - started
+    del result.margins[len(result.tokens) :]
     return result

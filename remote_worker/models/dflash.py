@@ -1,12 +1,21 @@
 """The DFlash block-diffusion drafter.
 
 A few Qwen3-style decoder layers whose attention reads two things: the projected hidden states of chosen
-target layers for every committed token (the context, cached), and the block being drafted — the last
-bonus token followed by mask tokens — attended non-causally. The target's embedding and head are shared.
-One forward drafts a whole block: a distribution for each of the block_size-1 positions after the root.
+target layers for every committed token (the context, kept in a `DraftContext`), and the block being
+drafted — the last bonus token followed by mask tokens. The target's embedding and head are shared. One
+forward drafts a whole block: logits for each of the block_size-1 positions after the root.
 
-Weights load from a DFlash checkpoint directory (config.json with `dflash_config` and `block_size`,
-safetensors weights named as in the published drafts), or are built from a tiny config with a seed.
+Each layer follows the published drafts' rule for what a query at position p sees (the context holds
+positions 0..c-1, the block c..c+block_size-1):
+
+- causal: keys at positions <= p only; a layer is causal when the config's top-level `is_causal` says so,
+  else when it is a `sliding_attention` layer (full-attention layers see the whole block);
+- windowed (`sliding_attention` with a `sliding_window` w, as Qwen3Config resolves it): keys with
+  |p - k| < w only. Such a layer reads only the last w-1 context keys; it never builds the whole context.
+
+Weights load from a DFlash checkpoint directory (config.json with `dflash_config`, `block_size` at the top
+level or inside `dflash_config`, safetensors weights named as in the published drafts), or are built from
+a tiny config with a seed.
 """
 
 from __future__ import annotations
@@ -24,6 +33,62 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwe
 from remote_worker.cache.hybrid_cache import apply_rope, compute_dtype
 
 
+def layer_rules(config: Qwen3Config) -> list[tuple[bool, int | None]]:
+    """(is_causal, sliding_window or None) of each draft layer, by the published rule (see the module doc)."""
+    layer_types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
+    forced = getattr(config, "is_causal", None)
+    rules = []
+    for layer_type in layer_types[: config.num_hidden_layers]:
+        sliding = layer_type == "sliding_attention"
+        causal = bool(forced) if forced is not None else sliding
+        rules.append((causal, config.sliding_window if sliding and config.sliding_window else None))
+    return rules
+
+
+def block_visibility(
+    context_length: int, first_key: int, block: int, causal: bool, window: int | None, device: torch.device
+) -> torch.Tensor | None:
+    """visible[i, j]: may the block's query i (position context_length + i) read key j (position first_key + j)?
+
+    Keys are the context from `first_key` on, then the block. None when every key is visible."""
+    query = context_length + torch.arange(block, device=device)[:, None]
+    key = first_key + torch.arange(context_length - first_key + block, device=device)[None, :]
+    visible = torch.ones(block, key.shape[1], dtype=torch.bool, device=device)
+    if causal:
+        visible &= key <= query
+    if window is not None:
+        visible &= (query - key).abs() < window
+    return None if bool(visible.all()) else visible
+
+
+class DraftContext:
+    """One sequence's drafter state: every layer's K/V of the committed tokens (their projected target
+    features), in one buffer [layers, 2, kv_heads, capacity, head_dim] that grows by doubling.
+
+    `clone` gives an independent copy, so one prompt's context serves every method that decodes it."""
+
+    def __init__(self, buffer: torch.Tensor, length: int = 0) -> None:
+        self.buffer = buffer
+        self.length = length
+
+    def reserve(self, needed: int) -> None:
+        capacity = self.buffer.shape[3]
+        if needed <= capacity:
+            return
+        grown = self.buffer.new_zeros(*self.buffer.shape[:3], max(needed, 2 * capacity), self.buffer.shape[4])
+        grown[:, :, :, : self.length] = self.buffer[:, :, :, : self.length]
+        self.buffer = grown
+
+    def keys_values(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views [kv_heads, length, head_dim] of one layer's committed keys and values."""
+        return self.buffer[layer, 0, :, : self.length], self.buffer[layer, 1, :, : self.length]
+
+    def clone(self) -> DraftContext:
+        copy = self.buffer.new_zeros(self.buffer.shape)
+        copy[:, :, :, : self.length] = self.buffer[:, :, :, : self.length]
+        return DraftContext(copy, self.length)
+
+
 class DFlashAttention(nn.Module):
     def __init__(self, config: Qwen3Config, layer_idx: int) -> None:
         super().__init__()
@@ -38,9 +103,7 @@ class DFlashAttention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
         self.q_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
         self.k_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
-        layer_types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
-        sliding = layer_types[layer_idx] == "sliding_attention"
-        self.sliding_window: int | None = config.sliding_window if sliding else None
+        self.is_causal, self.sliding_window = layer_rules(config)[layer_idx]
 
     def keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         n = x.shape[0]
@@ -53,23 +116,24 @@ class DFlashAttention(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        context: tuple[torch.Tensor, torch.Tensor],
+        context_keys: torch.Tensor,
+        context_values: torch.Tensor,
     ) -> torch.Tensor:
-        """x: the block [B, hidden]; context: cached (keys, values) [kv_heads, committed, d]."""
-        n = x.shape[0]
+        """x: the block [B, hidden]; context_keys/values: [kv_heads, committed, head_dim] → [B, hidden]."""
+        n, committed = x.shape[0], context_keys.shape[1]
         query = self.q_norm(self.q_proj(x).view(n, self.num_heads, self.head_dim)).transpose(0, 1)
         query = apply_rope(query, cos, sin)
         block_keys, block_values = self.keys_values(x, cos, sin)
-        keys = torch.cat([context[0], block_keys], dim=1)
-        values = torch.cat([context[1], block_values], dim=1)
+        # A window reaches back w-1 positions from the block's first query: older keys are never read.
+        first = 0 if self.sliding_window is None else max(0, committed - self.sliding_window + 1)
+        keys = torch.cat([context_keys[:, first:], block_keys], dim=1)
+        values = torch.cat([context_values[:, first:], block_values], dim=1)
         groups = self.num_heads // self.num_kv_heads
         keys, values = keys.repeat_interleave(groups, dim=0), values.repeat_interleave(groups, dim=0)
         scores = (query @ keys.transpose(1, 2)) * self.scaling
-        if self.sliding_window is not None:  # a key is visible while it is less than a window behind the query
-            key_pos = torch.arange(keys.shape[1], device=x.device)
-            query_pos = key_pos[-n:]
-            hidden = key_pos[None, :] <= query_pos[:, None] - self.sliding_window
-            scores = scores.masked_fill(hidden, float("-inf"))
+        visible = block_visibility(committed, first, n, self.is_causal, self.sliding_window, x.device)
+        if visible is not None:
+            scores = scores.masked_fill(~visible, float("-inf"))
         weights = torch.softmax(scores, dim=-1, dtype=compute_dtype(query.dtype)).to(query.dtype)
         return self.o_proj((weights @ values).transpose(0, 1).reshape(n, -1))
 
@@ -84,15 +148,18 @@ class DFlashLayer(nn.Module):
 
 
 class DFlashDraft(nn.Module):
-    """The drafter and its context cache (one per sequence; `reset` before a new prompt)."""
+    """The drafter's weights; a sequence's state lives in a `DraftContext` (`new_context`)."""
 
     def __init__(self, config: Qwen3Config) -> None:
         super().__init__()
         dflash = dict(getattr(config, "dflash_config", None) or {})
         if "target_layer_ids" not in dflash or "mask_token_id" not in dflash:
             raise ValueError("a DFlash config needs dflash_config.target_layer_ids and dflash_config.mask_token_id")
+        block_size = getattr(config, "block_size", None) or dflash.get("block_size")
+        if not block_size:
+            raise ValueError("a DFlash config needs block_size (at the top level or in dflash_config)")
         self.config = config
-        self.block_size = int(config.block_size)
+        self.block_size = int(block_size)
         self.target_layer_ids = tuple(int(i) for i in dflash["target_layer_ids"])
         self.mask_token_id = int(dflash["mask_token_id"])
         self.layers = nn.ModuleList(DFlashLayer(config, i) for i in range(config.num_hidden_layers))
@@ -100,19 +167,25 @@ class DFlashDraft(nn.Module):
         self.rotary_emb = Qwen3RotaryEmbedding(config)
         self.fc = nn.Linear(len(self.target_layer_ids) * config.hidden_size, config.hidden_size, bias=False)
         self.hidden_norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self._context: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     @property
     def feature_layers(self) -> tuple[int, ...]:
         """Target hidden-state indices (0 = embeddings) the drafter reads: the outputs of its target layers."""
         return tuple(i + 1 for i in self.target_layer_ids)
 
-    @property
-    def context_length(self) -> int:
-        return self._context[0][0].shape[1] if self._context else 0
+    def cast(self, device: torch.device, dtype: torch.dtype) -> DFlashDraft:
+        """Weights to `dtype` on `device`; the rotary frequencies stay in float32, as a checkpoint loaded by
+        transformers keeps them (cast to bfloat16 they would shift every position's rotation)."""
+        self.to(device=device, dtype=dtype)
+        with torch.device(device):
+            self.rotary_emb = Qwen3RotaryEmbedding(self.config)
+        return self
 
-    def reset(self) -> None:
-        self._context = []
+    def new_context(self, capacity: int = 256) -> DraftContext:
+        attn = self.layers[0].self_attn
+        weight = self.fc.weight
+        shape = (len(self.layers), 2, attn.num_kv_heads, capacity, attn.head_dim)
+        return DraftContext(weight.new_zeros(shape))
 
     def _rope(self, x: torch.Tensor, start: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         positions = torch.arange(start, start + length, device=x.device)[None]
@@ -120,37 +193,42 @@ class DFlashDraft(nn.Module):
         return cos[0], sin[0]
 
     @torch.no_grad()
-    def extend_context(self, features: torch.Tensor) -> None:
+    def extend(self, context: DraftContext, features: torch.Tensor) -> None:
         """Append the target features [m, len(target_layer_ids) * hidden] of the m newly committed tokens."""
-        start = self.context_length
+        start, m = context.length, features.shape[0]
+        context.reserve(start + m)
         projected = self.hidden_norm(self.fc(features))
-        cos, sin = self._rope(projected, start, features.shape[0])
+        cos, sin = self._rope(projected, start, m)
         for index, layer in enumerate(self.layers):
             keys, values = layer.self_attn.keys_values(projected, cos, sin)
-            if index < len(self._context):
-                old_keys, old_values = self._context[index]
-                keys, values = torch.cat([old_keys, keys], dim=1), torch.cat([old_values, values], dim=1)
-                self._context[index] = (keys, values)
-            else:
-                self._context.append((keys, values))
+            context.buffer[index, 0, :, start : start + m] = keys
+            context.buffer[index, 1, :, start : start + m] = values
+        context.length = start + m
 
     @torch.no_grad()
-    def propose(self, root_embedding: torch.Tensor, mask_embedding: torch.Tensor, head: nn.Module) -> torch.Tensor:
-        """Log-probabilities [block_size-1, vocab] for the positions after the root (at the context's end)."""
-        if not self._context:
-            raise RuntimeError("the drafter has no context: call extend_context with the prompt's features first")
+    def propose(
+        self, context: DraftContext, root_embedding: torch.Tensor, mask_embedding: torch.Tensor, head: nn.Module
+    ) -> torch.Tensor:
+        """Logits [block_size-1, vocab] (float32, float64 for a float64 draft) of the positions after the root,
+        which sits just past the context."""
+        if context.length == 0:
+            raise RuntimeError("the drafter has no context: extend it with the prompt's features first")
         block = torch.cat([root_embedding[None], mask_embedding[None].expand(self.block_size - 1, -1)])
-        cos, sin = self._rope(block, self.context_length, self.block_size)
+        cos, sin = self._rope(block, context.length, self.block_size)
         h = block
-        for layer, context in zip(self.layers, self._context, strict=True):
-            h = h + layer.self_attn(layer.input_layernorm(h), cos, sin, context)
+        for index, layer in enumerate(self.layers):
+            h = h + layer.self_attn(layer.input_layernorm(h), cos, sin, *context.keys_values(index))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         logits = head(self.norm(h[1:]))
-        return torch.log_softmax(logits.to(compute_dtype(logits.dtype)), dim=-1)
+        return logits.to(compute_dtype(logits.dtype))
+
+
+# Keys of a checkpoint's config.json that describe the file, not the model.
+_FILE_KEYS = ("architectures", "auto_map", "model_type", "transformers_version")
 
 
 def draft_config(values: dict[str, Any]) -> Qwen3Config:
-    return Qwen3Config(**values)
+    return Qwen3Config(**{k: v for k, v in values.items() if k not in _FILE_KEYS})
 
 
 def build_draft(config: dict[str, Any], seed: int, dtype: torch.dtype, device: torch.device) -> DFlashDraft:
@@ -160,24 +238,28 @@ def build_draft(config: dict[str, Any], seed: int, dtype: torch.dtype, device: t
     for module in draft.modules():
         if isinstance(module, nn.Linear):
             nn.init.normal_(module.weight, std=float(config.get("initializer_range", 0.02)))
-    return draft.to(device=device, dtype=dtype).eval()
+    return draft.cast(device, dtype).eval()
 
 
 def load_draft(path: Path, dtype: torch.dtype, device: torch.device) -> DFlashDraft:
-    """A DFlash checkpoint directory: config.json and *.safetensors (embeddings and head come from the target)."""
+    """A DFlash checkpoint directory: config.json and *.safetensors (embeddings and head come from the target).
+
+    Weights are read straight onto `device`; nothing passes through host memory in float32."""
     config_file = path / "config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"draft directory {path} has no config.json (model.draft.path)")
     values = json.loads(config_file.read_text())
-    draft = DFlashDraft(draft_config({k: v for k, v in values.items() if k not in ("architectures", "auto_map")}))
-    state: dict[str, torch.Tensor] = {}
-    for shard in sorted(path.glob("*.safetensors")):
-        state.update(load_file(shard))
-    if not state:
+    shards = sorted(path.glob("*.safetensors"))
+    if not shards:
         raise FileNotFoundError(f"draft directory {path} has no .safetensors weights")
+    with torch.device(device):
+        draft = DFlashDraft(draft_config(values)).cast(device, dtype)
+    state: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        state.update(load_file(shard, device=str(device)))
     state = {k.removeprefix("model."): v for k, v in state.items()}
     missing, unexpected = draft.load_state_dict(state, strict=False)
     missing = [k for k in missing if not k.startswith("rotary_emb.")]
     if missing or unexpected:
         raise ValueError(f"draft weights do not fit the config: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    return draft.to(device=device, dtype=dtype).eval()
+    return draft.eval()
