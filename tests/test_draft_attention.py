@@ -41,7 +41,9 @@ def config(layer_types: list[str], **extra: object) -> dict:
     )
 
 
-def direct_logits(draft: DFlashDraft, features: torch.Tensor, root: torch.Tensor, mask: torch.Tensor, head) -> torch.Tensor:
+def direct_logits(
+    draft: DFlashDraft, features: torch.Tensor, root: torch.Tensor, mask: torch.Tensor, head
+) -> torch.Tensor:
     """Draft logits computed pair by pair from the rule, over the whole context (no window shortcut)."""
     context, block = features.shape[0], draft.block_size
     projected = draft.hidden_norm(draft.fc(features))
@@ -65,9 +67,7 @@ def direct_logits(draft: DFlashDraft, features: torch.Tensor, root: torch.Tensor
         for i in range(block):
             p = context + i
             seen = [
-                k
-                for k in range(context + block)
-                if (not causal or k <= p) and (window is None or abs(p - k) < window)
+                k for k in range(context + block) if (not causal or k <= p) and (window is None or abs(p - k) < window)
             ]
             for head_index in range(attn.num_heads):
                 kv = head_index // groups
@@ -89,7 +89,9 @@ CASES = {
         ["sliding_attention", "full_attention"], sliding_window=3, use_sliding_window=True, is_causal=False
     ),
     # is_causal at the top level makes every layer causal, full-attention ones included.
-    "is_causal-true": config(["full_attention", "sliding_attention"], sliding_window=5, use_sliding_window=True, is_causal=True),
+    "is_causal-true": config(
+        ["full_attention", "sliding_attention"], sliding_window=5, use_sliding_window=True, is_causal=True
+    ),
     # Without layer_types every layer is full attention: non-causal, unwindowed (the trained fixtures).
     "all-full": config(["full_attention", "full_attention"]),
     # Qwen3Config drops sliding_window unless use_sliding_window is set: causal, but no window.

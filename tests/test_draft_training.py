@@ -9,7 +9,6 @@ from remote_worker.models.dflash import build_draft
 from tests.tiny_models import tiny
 from training.draft_forward import block_logits
 
-
 # A draft shaped like the Qwen3.6 ones: causal, windowed sliding layers, then a full-attention layer.
 SLIDING = dict(
     vocab_size=512,
