@@ -35,6 +35,7 @@ from orchestrator.launch import (
 )
 from orchestrator.plots import SUMMARY_FILE, plot_decode_summary
 from orchestrator.preflight import PreflightFailed, lease_candidates, run_preflight
+from orchestrator.prompts import prompts_file_text
 from orchestrator.redaction import redact_url
 from orchestrator.ssh_transport import CONNECTION_ERRORS, ConnectFailed, HostKeyRefused, SSHTransport
 from orchestrator.state import StateStore, StreamState
@@ -53,6 +54,7 @@ from orchestrator.tracking.runs import DETACHED, EXIT_CODES, connect, create_job
 from orchestrator.tracking.sink import DETACHED_TAG, LAST_SEQ_TAG, OFFSET_TAG, MlflowSink
 from orchestrator.transport import LocalTransport, Transport
 from orchestrator.validation import ConfigError, resolve_config
+from remote_worker.prompt_set import RUN_PROMPTS_FILE
 
 EVENTS_ARTIFACT = "events.jsonl"
 STDERR_TAIL_LINES = 20
@@ -65,13 +67,16 @@ class Outcome:
     stage: str | None = None
 
 
-def worker_spec(config: dict[str, Any], run_id: str, run_dir: str) -> dict[str, Any]:
-    """The spec file: only what the worker needs (never host, tracking or orchestrator settings)."""
+def worker_spec(config: dict[str, Any], run_id: str, run_dir: str, prompts_sent: bool = False) -> dict[str, Any]:
+    """The spec file: only what the worker needs (never host, tracking or orchestrator settings).
+
+    prompts_sent: the run folder holds the prompt set the orchestrator chose (`experiment.prompts_file`)."""
+    experiment = dict(config["experiment"], **({"prompts_file": RUN_PROMPTS_FILE} if prompts_sent else {}))
     return {
         "run_id": run_id,
         "run_dir": run_dir,
         "seed": config["seed"],
-        "experiment": config["experiment"],
+        "experiment": experiment,
         "model": config["model"],
         "decode": config["decode"],
         "probe": config["probe"],
@@ -271,7 +276,9 @@ def _launch_and_follow(
             else:
                 code_dir = str(PROJECT_ROOT)
             stage = "launch"
-            write_spec(transport, run_dir, worker_spec(config, sink.state.run_id, run_dir))
+            prompts = prompts_file_text(config["experiment"].get("prompts"))
+            spec = worker_spec(config, sink.state.run_id, run_dir, prompts_sent=prompts is not None)
+            write_spec(transport, run_dir, spec, prompts)
             gpus = lease_candidates(host, report)
             python = host["python"] or sys.executable
             start_worker(transport, run_dir, python, code_dir, host["env"], gpus, host["gpu_lock_dir"])
@@ -322,7 +329,7 @@ def _log_run_files(client: MlflowClient, transport: Transport, run_id: str, run_
     """Log the whole event log and the worker's stderr; return the last lines of stderr."""
     with tempfile.TemporaryDirectory() as tmp:
         tail: list[str] = []
-        for name in (EVENTS_ARTIFACT, STDERR_FILE):
+        for name in (EVENTS_ARTIFACT, STDERR_FILE, RUN_PROMPTS_FILE):
             local = Path(tmp) / name
             if transport.fetch(posixpath.join(run_dir, name), local):
                 client.log_artifact(run_id, str(local))

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.transport import Transport
+from remote_worker.prompt_set import RUN_PROMPTS_FILE
 
 SPEC_FILE = "spec.json"
 PID_FILE = "pid"
@@ -85,9 +86,12 @@ def run_dir_for(workdir: str, run_id: str) -> str:
     return posixpath.join(workdir, "runs", run_id)
 
 
-def write_spec(transport: Transport, run_dir: str, spec: Mapping[str, Any]) -> None:
+def write_spec(transport: Transport, run_dir: str, spec: Mapping[str, Any], prompts: str | None = None) -> None:
+    """The run folder with its spec and, when the orchestrator chose the prompts, their copy."""
     transport.make_dirs(posixpath.dirname(run_dir), 0o700)
     transport.make_dirs(run_dir, 0o700)
+    if prompts is not None:
+        transport.write_file(posixpath.join(run_dir, RUN_PROMPTS_FILE), prompts.encode(), 0o600)
     data = (json.dumps(spec, indent=1, sort_keys=True) + "\n").encode()
     transport.write_file(posixpath.join(run_dir, SPEC_FILE), data, 0o600)
 

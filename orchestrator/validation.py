@@ -12,7 +12,9 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from orchestrator.prompts import resolve_prompts
 from orchestrator.sync import SYNC_METHODS
+from remote_worker.prompt_set import PromptSetError
 from remote_worker.spec import DEVICES, DTYPES, EXPERIMENT_NAMES, MODEL_SOURCES
 
 HOST_KINDS = ("local", "ssh")
@@ -106,6 +108,21 @@ def _check_ssh_host(container: dict[str, Any]) -> None:
         raise ConfigError("host.accept_new_host_key must be true or false")
 
 
+def _check_prompts(experiment: dict[str, Any]) -> None:
+    """The prompt set is read here, so a bad file stops the run before anything is created."""
+    if experiment.get("num_prompts") is not None:
+        _number({"experiment": experiment}, "experiment.num_prompts", minimum=1, integer=True)
+    if not isinstance(experiment.get("enable_thinking", False), bool):
+        raise ConfigError(f"experiment.enable_thinking={experiment['enable_thinking']!r} must be true or false")
+    value = experiment.get("prompts")
+    if value is not None and not isinstance(value, str):
+        raise ConfigError(f"experiment.prompts={value!r} must be a named set or a path to a JSONL file")
+    try:
+        resolve_prompts(value)
+    except PromptSetError as exc:
+        raise ConfigError(f"experiment.prompts: {exc}") from exc
+
+
 def resolve_config(cfg: DictConfig) -> dict[str, Any]:
     """Resolve interpolations and check every value the orchestrator and the worker rely on."""
     try:
@@ -165,8 +182,9 @@ def resolve_config(cfg: DictConfig) -> dict[str, Any]:
         raise ConfigError(f"decode.tree_budgets={budgets!r} must be a non-empty list of positive integers")
     if _get(container, "decode.block_size") is not None:
         _number(container, "decode.block_size", minimum=2, integer=True)
-    if container["experiment"].get("num_prompts") is not None:
-        _number(container, "experiment.num_prompts", minimum=1, integer=True)
+    if _number(container, "decode.repeats", minimum=1, integer=True) > 1000:
+        raise ConfigError("decode.repeats must be at most 1000")
+    _check_prompts(container["experiment"])
     if _number(container, "orchestrator.poll_interval_s", minimum=0) == 0:
         raise ConfigError("orchestrator.poll_interval_s must be > 0")
     _number(container, "orchestrator.kill_grace_s", minimum=0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from remote_worker.experiments.ddtree_gdn import repetition_flags
+from remote_worker.decoding.comparison import repetition_flags
 
 pytestmark = pytest.mark.worker
 

@@ -29,6 +29,11 @@ SAMPLES = 2000
 PROMPT = torch.tensor([1, 5, 2, 6, 3])
 
 
+class BiasedContext:
+    def clone(self) -> BiasedContext:
+        return self
+
+
 class BiasedDrafter:
     """Proposes tokens 0, 1, 2, … in that order of preference at every depth, whatever the target thinks."""
 
@@ -36,11 +41,14 @@ class BiasedDrafter:
     mask_token_id = VOCAB - 1
     feature_layers = ()
 
-    def reset(self) -> None: ...
+    def new_context(self) -> BiasedContext:
+        return BiasedContext()
 
-    def extend_context(self, features: torch.Tensor) -> None: ...
+    def extend(self, context: BiasedContext, features: torch.Tensor) -> None: ...
 
-    def propose(self, root_embedding: torch.Tensor, mask_embedding: torch.Tensor, head: object) -> torch.Tensor:
+    def propose(
+        self, context: BiasedContext, root_embedding: torch.Tensor, mask_embedding: torch.Tensor, head: object
+    ) -> torch.Tensor:
         preference = -torch.arange(VOCAB, dtype=torch.float64) * 2.0
         return torch.log_softmax(preference, dim=-1).expand(self.block_size - 1, VOCAB).clone()
 

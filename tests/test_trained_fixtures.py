@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,7 +11,8 @@ import torch
 from remote_worker.decoding.loop import decode
 from remote_worker.models.loading import PACKAGE_DIR, load_drafter, load_model, load_tokenizer, model_prompts
 from remote_worker.models.target import TargetModel
-from remote_worker.prompts import encode, load_prompts
+from remote_worker.prompt_set import load_prompt_file
+from remote_worker.prompts import encode
 from tests.tiny_models import model_spec
 from training.corpus import stdlib_files
 
@@ -28,7 +30,7 @@ def pair(request: pytest.FixtureRequest):
     spec = model_spec(request.param, "float32")
     model = load_model(spec, seed=0)
     tokenizer = load_tokenizer(spec)
-    prompts = load_prompts(model_prompts(spec), None)
+    prompts = load_prompt_file(Path(model_prompts(spec)))
     return request.param, TargetModel(model), load_drafter(spec, seed=0, target=model), tokenizer, prompts
 
 

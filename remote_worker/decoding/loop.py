@@ -120,7 +120,8 @@ def prefill(target: TargetModel, prompt: torch.Tensor, drafter: Any | None = Non
     context = None
     if drafter is not None:
         context = drafter.new_context()
-        drafter.extend(context, features)
+        if feature_layers:
+            drafter.extend(context, features)
         _sync(target.device)
     draft_seconds = time.perf_counter() - started - target_seconds
     return Prefill(cache, context, int(prompt[-1]), int(prompt.shape[0]), target_seconds, draft_seconds)
@@ -181,7 +182,7 @@ def decode_from(
         with timer.stage("commit"):
             cache.commit(path)
         index = torch.as_tensor(path, device=target.device) if drafting or record_margins else None
-        if drafting:
+        if feature_layers:
             with timer.stage("draft"):  # the drafter takes in the committed tokens' target features
                 drafter.extend(context, torch.cat([output.hidden[i][index] for i in feature_layers], dim=-1))
         if record_margins:

@@ -1,7 +1,16 @@
-"""Build a target model from a spec: a seeded tiny model from an inline config, or a checkpoint directory."""
+"""Build a target model from a spec: a seeded tiny model from an inline config, or a checkpoint directory.
+
+A checkpoint is checked against the GPU's free memory before any weight is read, and loaded straight onto
+its device (`device_map`, where the host has `accelerate`; without it transformers loads into host memory
+first, and the worker says so). Qwen3.5/3.6 checkpoints are saved by the multimodal class; the text-only
+`Qwen3_5ForCausalLM` loads them without the vision tower, with the same logits.
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +54,58 @@ def model_class(arch: str) -> type[transformers.PreTrainedModel]:
     return cls
 
 
+# Checkpoint tensors a text-only class never loads: the vision tower and multi-token-prediction heads.
+_NOT_TEXT = ("model.visual.", "visual.", "mtp.", "model.mtp.")
+_SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+
+
+def checkpoint_bytes(path: Path, dtype: torch.dtype, text_only: bool) -> int:
+    """Bytes the checkpoint's floating-point weights take in `dtype`, read from the safetensors headers only."""
+    size = torch.finfo(dtype).bits // 8
+    total = 0
+    for shard in sorted(path.glob("*.safetensors")):
+        with shard.open("rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(length))
+        for name, entry in header.items():
+            if name == "__metadata__" or (text_only and name.startswith(_NOT_TEXT)):
+                continue
+            numel = 1
+            for dim in entry["shape"]:
+                numel *= int(dim)
+            kind = entry["dtype"]
+            total += numel * (size if kind in ("F64", "F32", "BF16", "F16") else _SAFETENSORS_BYTES.get(kind, 1))
+    return total
+
+
+def check_fits(needed: int, free: int, device: torch.device, what: str) -> None:
+    """One clear line, before any weight is copied, when the weights alone exceed the device's free memory."""
+    if needed > free:
+        gib = 1 << 30
+        raise MemoryError(
+            f"{what}: {needed / gib:.1f} GiB of weights do not fit the {free / gib:.1f} GiB free on {device}"
+        )
+
+
+def _free_memory(device: torch.device) -> int | None:
+    if device.type != "cuda":
+        return None  # host memory: the operating system's business
+    free, _total = torch.cuda.mem_get_info(device)
+    return int(free)
+
+
+def cast_like_a_checkpoint(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """Cast a model built in float32 (so one seed gives the same weights in every dtype), keeping the rotary
+    frequencies in float32 as a checkpoint loaded by transformers keeps them: cast to bfloat16 they would
+    shift every position's rotation, and tiny models would not behave as real checkpoints do."""
+    frequencies = {name: b.clone() for name, b in model.named_buffers() if name.rsplit(".", 1)[-1].endswith("inv_freq")}
+    model.to(dtype)
+    for name, value in frequencies.items():
+        owner, _, attribute = name.rpartition(".")
+        setattr(model.get_submodule(owner), attribute, value)
+    return model
+
+
 def load_model(spec: ModelSpec, seed: int) -> transformers.PreTrainedModel:
     """Return the model in eval mode, on its device, in its dtype."""
     cls = model_class(spec.arch)
@@ -53,13 +114,32 @@ def load_model(spec: ModelSpec, seed: int) -> transformers.PreTrainedModel:
     if spec.source == "config":
         config = cls.config_class(**spec.config)
         torch.manual_seed(seed)
-        model = cls(config).to(dtype=dtype)
-    else:
-        path = checkpoint_dir(spec.path)
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"model directory {path} has no config.json (model.path)")
-        model = cls.from_pretrained(path, dtype=dtype)
-    return model.to(device).eval()
+        return cast_like_a_checkpoint(cls(config), dtype).to(device).eval()
+    path = checkpoint_dir(spec.path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"model directory {path} has no config.json (model.path)")
+    free = _free_memory(device)
+    if free is not None:
+        needed = checkpoint_bytes(path, dtype, text_only=not spec.arch.endswith("ForConditionalGeneration"))
+        draft = spec.draft.path if spec.draft is not None and spec.draft.source == "pretrained" else None
+        if draft:
+            needed += checkpoint_bytes(checkpoint_dir(draft), dtype, text_only=False)
+        check_fits(needed, free, device, f"model {spec.name} ({path}{' and its draft' if draft else ''})")
+    if has_accelerate():
+        return cls.from_pretrained(path, dtype=dtype, device_map=str(device)).eval()
+    return cls.from_pretrained(path, dtype=dtype).to(device).eval()
+
+
+def has_accelerate() -> bool:
+    """transformers needs `accelerate` to load weights straight onto a device."""
+    return importlib.util.find_spec("accelerate") is not None
+
+
+def context_length(model: transformers.PreTrainedModel) -> int | None:
+    """The model's context in tokens (max_position_embeddings of its text config), when it says."""
+    config = model.config.get_text_config()
+    value = getattr(config, "max_position_embeddings", None)
+    return int(value) if value else None
 
 
 def load_drafter(spec: ModelSpec, seed: int, target: transformers.PreTrainedModel) -> DFlashDraft:

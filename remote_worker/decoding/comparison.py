@@ -1,0 +1,241 @@
+"""AR, DFlash and DDTree side by side over a prompt set: what `experiment=ddtree_gdn` and `make bench` report.
+
+Each prompt is prefilled once; every method decodes it from a copy of that state, so the prefill (the same
+work for all methods) is measured once and kept out of the decode figures. The methods take turns —
+repeat 0 of every method, then repeat 1, … — so a machine that slows down mid-run slows all of them
+alike; speedups are taken within one repeat, then the median over repeats is reported with its range.
+AR decodes first: its tokens are the reference for `lossless`, and its margins explain divergences.
+
+Sampling (temperature > 0) draws from a generator seeded by the run's seed and the prompt's index, so the
+repeats of a method time the same work and no method's draws depend on which methods ran before it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from remote_worker.decoding.divergence import Divergence, first_divergence
+from remote_worker.decoding.loop import STAGES, DecodeResult, decode_from, prefill
+from remote_worker.models.target import TargetModel
+
+
+@dataclass(frozen=True)
+class Method:
+    scope: str  # the child run's name: ar, dflash, ddtree_tb32, …
+    name: str  # ar, dflash or ddtree
+    budget: int = 0
+
+    @property
+    def drafts(self) -> bool:
+        return self.name != "ar"
+
+
+def methods_for(budgets: Sequence[int]) -> list[Method]:
+    """AR (first: the reference), DFlash, then DDTree at every tree budget."""
+    return [Method("ar", "ar"), Method("dflash", "dflash")] + [Method(f"ddtree_tb{b}", "ddtree", b) for b in budgets]
+
+
+@dataclass(frozen=True)
+class Settings:
+    max_new_tokens: int
+    temperature: float = 0.0
+    repeats: int = 1
+    stop_tokens: frozenset[int] = frozenset()
+    seed: int = 0
+
+
+@dataclass
+class PromptRun:
+    """One prompt decoded by every method, `repeats` times each, from one prefill."""
+
+    index: int
+    tokens: list[int]  # the prompt's token ids
+    prefill_target_seconds: float
+    prefill_draft_seconds: float
+    results: dict[str, list[DecodeResult]]  # scope -> one result per repeat
+
+    def first(self, scope: str) -> DecodeResult:
+        return self.results[scope][0]
+
+    def prefill_seconds(self, method: Method) -> float:
+        """The prefill a method needs: the target's, and for a drafting method the drafter's as well."""
+        return self.prefill_target_seconds + (self.prefill_draft_seconds if method.drafts else 0.0)
+
+
+def run_prompt(
+    target: TargetModel,
+    drafter: Any | None,
+    tokens: torch.Tensor,
+    methods: Sequence[Method],
+    settings: Settings,
+    index: int,
+    before_decode: Callable[[Method, int], None] | None = None,
+) -> PromptRun:
+    """Prefill `tokens` once, then decode them with every method, repeats interleaved."""
+    if methods[0].name != "ar":
+        raise ValueError("AR must decode first: it is the reference of every other method")
+    drafting = any(m.drafts for m in methods)
+    start = prefill(target, tokens, drafter if drafting else None)
+    results: dict[str, list[DecodeResult]] = {m.scope: [] for m in methods}
+    for repeat in range(settings.repeats):
+        for method in methods:
+            if before_decode is not None:
+                before_decode(method, repeat)
+            result = decode_from(
+                target,
+                start,
+                method=method.name,
+                max_new_tokens=settings.max_new_tokens,
+                drafter=drafter if method.drafts else None,
+                budget=method.budget,
+                temperature=settings.temperature,
+                stop_tokens=settings.stop_tokens,
+                generator=torch.Generator().manual_seed(settings.seed * 1_000_003 + index),
+                record_margins=method.name == "ar" and settings.temperature == 0,
+            )
+            results[method.scope].append(result)
+    return PromptRun(index, tokens.tolist(), start.target_seconds, start.draft_seconds, results)
+
+
+def repetition_flags(
+    prompt: list[int], tokens: list[int], acceptance_lengths: list[int], max_period: int = 16
+) -> list[bool]:
+    """For each round: do its committed tokens only repeat what came `p` tokens earlier, for some p <= 16?
+
+    A tiny model easily falls into a loop or a run of whitespace, which any drafter predicts perfectly; this
+    marks such rounds, so that a high tau can be told apart from a degenerate continuation."""
+    sequence, start, flags = prompt + tokens, len(prompt), []
+    for accepted in acceptance_lengths:
+        end = min(start + accepted + 1, len(sequence))
+        flags.append(
+            any(
+                all(sequence[k] == sequence[k - p] for k in range(start, end))
+                for p in range(1, min(max_period, start) + 1)
+            )
+        )
+        start = end
+    return flags
+
+
+def _spread(values: list[float]) -> tuple[float, float, float]:
+    """(median, min, max); zeros when empty."""
+    return (statistics.median(values), min(values), max(values)) if values else (0.0, 0.0, 0.0)
+
+
+@dataclass
+class MethodTally:
+    """One method's results over the prompts so far. Tokens, acceptance and divergences come from repeat 0
+    (every repeat decodes the same tokens); timings from every repeat."""
+
+    method: Method
+    repeat_tokens: list[int] = field(default_factory=list)  # per repeat, summed over prompts
+    repeat_seconds: list[float] = field(default_factory=list)
+    acceptance_lengths: list[int] = field(default_factory=list)
+    stage_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+    timed_rounds: int = 0  # rounds over every repeat, for the per-round stage times
+    prefill_seconds: list[float] = field(default_factory=list)  # per prompt
+    ttft_seconds: list[float] = field(default_factory=list)  # per prompt and repeat: prefill + first round
+    prompts: int = 0
+    matches: int = 0
+    near_ties: int = 0
+    unexplained: int = 0
+    repetitive_rounds: int = 0
+    fresh_round_tokens: list[int] = field(default_factory=list)  # tokens per round of the other rounds
+
+    def add(self, run: PromptRun, divergence: Divergence | None) -> None:
+        results = run.results[self.method.scope]
+        if not self.repeat_tokens:
+            self.repeat_tokens = [0] * len(results)
+            self.repeat_seconds = [0.0] * len(results)
+        prefill_seconds = run.prefill_seconds(self.method)
+        for repeat, result in enumerate(results):
+            self.repeat_tokens[repeat] += len(result.tokens)
+            self.repeat_seconds[repeat] += result.decode_seconds
+            self.ttft_seconds.append(prefill_seconds + result.first_token_seconds)
+            self.timed_rounds += result.rounds
+            for stage, seconds in result.stage_seconds.items():
+                self.stage_seconds[stage] += seconds
+        first = results[0]
+        self.acceptance_lengths += first.acceptance_lengths
+        flags = repetition_flags(run.tokens, first.tokens, first.acceptance_lengths)
+        self.repetitive_rounds += sum(flags)
+        self.fresh_round_tokens += [a + 1 for a, f in zip(first.acceptance_lengths, flags, strict=True) if not f]
+        self.prefill_seconds.append(prefill_seconds)
+        self.prompts += 1
+        self.matches += divergence is None
+        if divergence is not None:
+            self.near_ties += divergence.near_tie
+            self.unexplained += not divergence.near_tie
+
+    def tokens_per_s(self) -> list[float]:
+        return [t / s if s else 0.0 for t, s in zip(self.repeat_tokens, self.repeat_seconds, strict=True)]
+
+    def metrics(self, ar: MethodTally, exactness: bool) -> dict[str, float]:
+        """The method's summary metrics (see the README's metric table). `exactness`: temperature 0, where
+        outputs are compared with AR's."""
+        rounds = max(len(self.acceptance_lengths), 1)
+        rates, ar_rates = self.tokens_per_s(), ar.tokens_per_s()
+        speedups = [r / a if a else 0.0 for r, a in zip(rates, ar_rates, strict=True)]
+        tokens_per_s, tokens_per_s_min, tokens_per_s_max = _spread(rates)
+        speedup, speedup_min, speedup_max = _spread(speedups)
+        metrics = {
+            "tau": sum(a + 1 for a in self.acceptance_lengths) / rounds,
+            "tokens_per_s": tokens_per_s,
+            "tokens_per_s_min": tokens_per_s_min,
+            "tokens_per_s_max": tokens_per_s_max,
+            "speedup_vs_ar": speedup,
+            "speedup_vs_ar_min": speedup_min,
+            "speedup_vs_ar_max": speedup_max,
+            "tpot_ms": 1000 / tokens_per_s if tokens_per_s else 0.0,
+            "prefill_ms": 1000 * statistics.fmean(self.prefill_seconds) if self.prefill_seconds else 0.0,
+            "ttft_ms": 1000 * statistics.fmean(self.ttft_seconds) if self.ttft_seconds else 0.0,
+            **{
+                f"{stage}_ms_per_round": 1000 * seconds / max(self.timed_rounds, 1)
+                for stage, seconds in self.stage_seconds.items()
+            },
+            "rounds": float(len(self.acceptance_lengths)),
+            "repetition_share": self.repetitive_rounds / rounds,
+            "tau_without_repetition": sum(self.fresh_round_tokens) / max(len(self.fresh_round_tokens), 1),
+            "generated_tokens": float(self.repeat_tokens[0] if self.repeat_tokens else 0),
+            "repeats": float(len(self.repeat_tokens)),
+        }
+        if exactness:
+            metrics["lossless"] = self.matches / max(self.prompts, 1)
+            metrics["near_tie_divergences"] = float(self.near_ties)
+            metrics["unexplained_divergences"] = float(self.unexplained)
+        return metrics
+
+
+class Comparison:
+    """Every method's tally over a prompt set; `add` each `PromptRun`, then read `metrics`."""
+
+    def __init__(self, methods: Sequence[Method], temperature: float, dtype: torch.dtype) -> None:
+        self.methods = list(methods)
+        self.exactness = temperature == 0
+        self.dtype = dtype
+        self.tallies = {m.scope: MethodTally(m) for m in methods}
+
+    def divergences(self, run: PromptRun) -> dict[str, Divergence | None]:
+        """Each method's first difference from AR's output (None where it matches; all None at T > 0)."""
+        if not self.exactness:
+            return dict.fromkeys(run.results)
+        ar = run.first(self.methods[0].scope)
+        return {
+            scope: first_divergence(ar.tokens, ar.margins, results[0].tokens, self.dtype)
+            for scope, results in run.results.items()
+        }
+
+    def add(self, run: PromptRun) -> dict[str, Divergence | None]:
+        divergences = self.divergences(run)
+        for scope, tally in self.tallies.items():
+            tally.add(run, divergences[scope])
+        return divergences
+
+    def metrics(self) -> dict[str, dict[str, float]]:
+        ar = self.tallies[self.methods[0].scope]
+        return {scope: tally.metrics(ar, self.exactness) for scope, tally in self.tallies.items()}

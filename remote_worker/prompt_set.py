@@ -1,0 +1,81 @@
+"""Prompt sets: a JSONL file of conversations, one a line — `{"id": "...", "messages": [{"role", "content"}]}`.
+
+Standard library only: the orchestrator checks a prompt file with this same parser before anything is
+launched, and the worker reads the copy that travelled with the run.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DEFAULT_PROMPTS = Path(__file__).parent / "data" / "prompts_default.jsonl"
+RUN_PROMPTS_FILE = "prompts.jsonl"  # the copy of the run's prompt set in its run folder
+
+
+class PromptSetError(ValueError):
+    """A malformed prompt set; the message names the file and the line."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    messages: list[dict[str, str]]
+
+    def as_record(self) -> dict[str, Any]:
+        return {"id": self.id, "messages": self.messages}
+
+
+def _prompt(raw: Any, number: int) -> Prompt:
+    if not isinstance(raw, dict):
+        raise ValueError("a line must be a JSON object")
+    messages = raw.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ValueError('"messages" must be a non-empty list')
+    for message in messages:
+        if not isinstance(message, dict) or not {"role", "content"} <= set(message):
+            raise ValueError("each message needs a role and a content")
+        if not isinstance(message["role"], str) or not isinstance(message["content"], str):
+            raise ValueError("a message's role and content must be strings")
+    prompt_id = raw.get("id", f"prompt-{number}")
+    if not isinstance(prompt_id, (str, int)) or isinstance(prompt_id, bool) or not str(prompt_id).strip():
+        raise ValueError('"id" must be a non-empty string')
+    return Prompt(id=str(prompt_id), messages=[{"role": m["role"], "content": m["content"]} for m in messages])
+
+
+def parse_prompts(text: str, source: str) -> list[Prompt]:
+    """Every conversation of a JSONL text (blank lines skipped); `source` names it in errors."""
+    prompts: list[Prompt] = []
+    seen: dict[str, int] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            prompt = _prompt(json.loads(line), number)
+        except (json.JSONDecodeError, ValueError) as exc:
+            raise PromptSetError(f"{source}:{number}: not a prompt line ({exc})") from exc
+        if prompt.id in seen:
+            raise PromptSetError(f"{source}:{number}: id {prompt.id!r} is already used on line {seen[prompt.id]}")
+        seen[prompt.id] = number
+        prompts.append(prompt)
+    if not prompts:
+        raise PromptSetError(f"{source}: the prompt set is empty")
+    return prompts
+
+
+def load_prompt_file(path: Path, limit: int | None = None) -> list[Prompt]:
+    """A prompt file's conversations, the first `limit` of them when given."""
+    if not path.is_file():
+        raise PromptSetError(f"{path}: no such prompt file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PromptSetError(f"{path}: cannot be read as UTF-8 text ({exc})") from exc
+    prompts = parse_prompts(text, str(path))
+    return prompts[:limit] if limit else prompts
+
+
+def to_jsonl(prompts: list[Prompt]) -> str:
+    return "".join(json.dumps(p.as_record(), ensure_ascii=False) + "\n" for p in prompts)
