@@ -56,7 +56,8 @@ def model_class(arch: str) -> type[transformers.PreTrainedModel]:
 
 # Checkpoint tensors a text-only class never loads: the vision tower and multi-token-prediction heads.
 _NOT_TEXT = ("model.visual.", "visual.", "mtp.", "model.mtp.")
-_SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+_FLOAT_KINDS = ("F64", "F32", "BF16", "F16")  # loaded in the model's dtype
+_INT_BYTES = {"I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}  # loaded as they are
 
 
 def checkpoint_bytes(path: Path, dtype: torch.dtype, text_only: bool) -> int:
@@ -74,7 +75,7 @@ def checkpoint_bytes(path: Path, dtype: torch.dtype, text_only: bool) -> int:
             for dim in entry["shape"]:
                 numel *= int(dim)
             kind = entry["dtype"]
-            total += numel * (size if kind in ("F64", "F32", "BF16", "F16") else _SAFETENSORS_BYTES.get(kind, 1))
+            total += numel * (size if kind in _FLOAT_KINDS else _INT_BYTES.get(kind, 1))
     return total
 
 
