@@ -14,32 +14,63 @@ from pathlib import Path
 
 import torch
 
-from bench.decode_figures import decode_figures
+from bench.decode_figures import decode_figures, prompt_length_check
 from bench.orchestrator_figures import orchestrator_figures
 from bench.worker_figures import worker_figures
 
 RESULTS = Path(__file__).parent / "results"
+PAIRS = ("tiny_trained", "tiny_trained_dense")
 
 
 def _decode_table(results: list[dict]) -> list[str]:
     lines = [
-        "| model | method | tau | tau without repetition | tokens/s | speedup vs AR | lossless | repetition share |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | method | tau | tau without repetition | decode tokens/s (range) | speedup vs AR (range) "
+        "| prefill ms | lossless | repetition share |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for pair in results:
         for row in pair["methods"]:
             lines.append(
                 f"| {pair['model']} | {row['method']} | {row['tau']:.2f} | {row['tau_without_repetition']:.2f} "
-                f"| {row['tokens_per_s']:.0f} "
-                f"| {row['speedup_vs_ar']:.2f} | {row['lossless']:.0f} | {row['repetition_share']:.2f} |"
+                f"| {row['tokens_per_s']:.0f} ({row['tokens_per_s_min']:.0f}–{row['tokens_per_s_max']:.0f}) "
+                f"| {row['speedup_vs_ar']:.2f} ({row['speedup_vs_ar_min']:.2f}–{row['speedup_vs_ar_max']:.2f}) "
+                f"| {row['prefill_ms']:.0f} | {row['lossless']:.2f} | {row['repetition_share']:.2f} |"
             )
     first = results[0]
     note = (
-        f"Temperature 0, {first['prompts']} held-out prompts (functions from standard-library files the "
-        f"training never saw), {first['max_new_tokens']} new tokens each; tokens/s and speedup are medians "
-        f"of {first['repeats']} passes, each method decoding every prompt in turn with AR."
+        f"Temperature 0, {first['prompts']} HumanEval problems (about {first['prompt_tokens']:.0f} prompt tokens), "
+        f"{first['max_new_tokens']} new tokens each. Each prompt is prefilled once; decode tokens/s and speedup "
+        f"exclude the prefill and are medians of {first['repeats']} passes (range in brackets), the methods "
+        "taking turns, each speedup taken within one pass."
     )
     return [note, "", *lines]
+
+
+def _divergence_table(results: list[dict]) -> list[str]:
+    lines = [
+        "| model | dtype | method | lossless | near-tie divergences | unexplained divergences |",
+        "|---|---|---|---|---|---|",
+    ]
+    for pair in results:
+        for row in pair["methods"][1:]:
+            lines.append(
+                f"| {pair['model']} | {pair['dtype']} | {row['method']} | {row['lossless']:.2f} "
+                f"| {row['near_tie_divergences']:.0f} | {row['unexplained_divergences']:.0f} |"
+            )
+    return lines
+
+
+def _length_table(check: dict) -> list[str]:
+    lines = [
+        "| prompts | prompt tokens | method | decode-only speedup | speedup with prefill counted |",
+        "|---|---|---|---|---|",
+    ]
+    for row in check["rows"]:
+        lines.append(
+            f"| {row['prompts']} | {row['prompt_tokens']:.0f} | {row['method']} | {row['speedup_vs_ar']:.2f} "
+            f"| {row['speedup_with_prefill']:.2f} |"
+        )
+    return lines
 
 
 def _worker_rows(results: dict) -> list[str]:
@@ -93,6 +124,17 @@ def markdown(results: dict) -> str:
         "",
         *_decode_table(results["decode"]),
         "",
+        f"Exactness against AR on the same prompts, float32 and bfloat16 ({results['bf16'][0]['prompts']}; a "
+        "near tie is a first difference where AR's top-2 logits are within the dtype's tolerance):",
+        "",
+        *_divergence_table(results["decode"] + results["bf16"]),
+        "",
+        f"Does the speedup still fall as prompts grow? {results['prompt_length']['model']}, "
+        f"{results['prompt_length']['max_new_tokens']} new tokens, the same problems as they are and behind a "
+        "preamble of four others (the second column counts the prefill as the worker used to, first pass):",
+        "",
+        *_length_table(results["prompt_length"]),
+        "",
         "The worker's costs on tiny_hybrid, and the orchestrator against an sshd and an `mlflow server` on 127.0.0.1:",
         "",
         "| figure | value | aim |",
@@ -112,7 +154,9 @@ def main() -> None:
     results = {
         "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}",
         "date": time.strftime("%Y-%m-%d"),
-        "decode": [decode_figures(name, args.decode_repeats) for name in ("tiny_trained", "tiny_trained_dense")],
+        "decode": [decode_figures(name, args.decode_repeats) for name in PAIRS],
+        "bf16": [decode_figures(name, 1, dtype="bfloat16", budgets=(16, 64)) for name in PAIRS],
+        "prompt_length": prompt_length_check("tiny_trained", args.decode_repeats),
         "worker": worker_figures(args.repeats),
         "orchestrator": orchestrator_figures(args.repeats),
     }

@@ -215,9 +215,11 @@ def test_decode_sweep_lands_as_child_runs(mlflow_server: MlflowServer, job_paths
         mlflow_server,
         job_paths,
         "experiment=ddtree_gdn",
+        "experiment.prompts=humaneval",
         "experiment.num_prompts=2",
         "decode.max_new_tokens=24",
         "decode.tree_budgets=[4,32]",
+        "decode.repeats=2",
     )
     result = run_orchestrator(args, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -235,8 +237,15 @@ def test_decode_sweep_lands_as_child_runs(mlflow_server: MlflowServer, job_paths
         for key in (
             "tau",
             "tokens_per_s",
+            "tokens_per_s_min",
+            "tokens_per_s_max",
             "speedup_vs_ar",
+            "speedup_vs_ar_min",
+            "speedup_vs_ar_max",
             "lossless",
+            "near_tie_divergences",
+            "unexplained_divergences",
+            "prefill_ms",
             "ttft_ms",
             "tpot_ms",
             "draft_ms_per_round",
@@ -246,13 +255,23 @@ def test_decode_sweep_lands_as_child_runs(mlflow_server: MlflowServer, job_paths
         ):
             assert key in metrics, (name, key)
         assert metrics["lossless"] == 1.0, name
+        assert metrics["near_tie_divergences"] == metrics["unexplained_divergences"] == 0.0, name
+        assert metrics["tokens_per_s_min"] <= metrics["tokens_per_s"] <= metrics["tokens_per_s_max"], name
         assert child.data.params["method"] == name.split("_")[0]
         # nothing lost or duplicated: the per-round history is exactly what the worker wrote
         assert mlflow_metrics(client, child.info.run_id) == worker_metrics_for(run_dir, name)
     assert by_name["ar"].data.metrics["tau"] == 1.0
     assert by_name["ddtree_tb32"].data.params["tree_budget"] == "32"
     artifacts = {a.path for a in client.list_artifacts(run_id)}
-    assert {"decode_summary.json", "generations.jsonl", "plots"} <= artifacts
+    assert {"decode_summary.json", "generations.jsonl", "prompts.jsonl", "plots"} <= artifacts
+    rows = [json.loads(line) for line in (run_dir / "generations.jsonl").read_text().splitlines()]
+    assert [row["id"] for row in rows] == ["HumanEval/0", "HumanEval/1"]  # the set chosen here, sent with the run
+    assert "def has_close_elements" in rows[0]["prompt"]
+    for row in rows:
+        assert set(row["methods"]) == set(by_name) and row["prefill_ms"] > 0
+        for output in row["methods"].values():
+            assert output["matches_ar"] is True and output["divergence"] is None
+            assert output["tokens"] == row["methods"]["ar"]["tokens"] and len(output["decode_s_repeats"]) == 2
     plots = {a.path for a in client.list_artifacts(run_id, "plots")}
     assert plots == {"plots/tau_speedup_vs_budget.png", "plots/acceptance_length_hist.png"}
     assert "lossless 1.00" in result.stdout

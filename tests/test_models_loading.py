@@ -13,7 +13,9 @@ from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 from remote_worker.cache.tree import Tree
 from remote_worker.decoding.loop import decode
 from remote_worker.models.dflash import build_draft, load_draft
+from remote_worker.models.loading import check_fits, checkpoint_bytes, load_model
 from remote_worker.models.target import TargetModel
+from remote_worker.spec import ModelSpec
 from tests.teacher_drafter import TeacherDrafter
 from tests.tiny_models import random_prompt, tiny
 
@@ -115,3 +117,34 @@ def test_draft_directory_errors_are_clear(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(draft_config()))
     with pytest.raises(FileNotFoundError, match=r"no \.safetensors"):
         load_draft(tmp_path, torch.float32, torch.device("cpu"))
+
+
+def test_text_only_class_loads_a_multimodal_checkpoint_with_the_same_logits(
+    multimodal: TargetModel, tmp_path: Path
+) -> None:
+    """Qwen3.6 checkpoints are saved by the multimodal class; the text-only class the 27B config names loads
+    them without the vision tower, and decodes to the same logits."""
+    multimodal.model.save_pretrained(tmp_path / "ckpt")
+    spec = ModelSpec("mm", "pretrained", "Qwen3_5ForCausalLM", "float64", "cpu", {}, str(tmp_path / "ckpt"))
+    text_only = load_model(spec, seed=0)
+    assert type(text_only).__name__ == "Qwen3_5ForCausalLM"
+    assert not any("visual" in name for name, _ in text_only.named_parameters())
+    tokens = random_prompt(5)
+    with torch.no_grad():
+        expected = multimodal.model(input_ids=tokens[None]).logits
+        got = text_only(input_ids=tokens[None]).logits
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    # The size check counts what the text-only class loads: the vision tower is left out.
+    full = checkpoint_bytes(tmp_path / "ckpt", torch.bfloat16, text_only=False)
+    text = checkpoint_bytes(tmp_path / "ckpt", torch.bfloat16, text_only=True)
+    parameters = sum(p.numel() for p in text_only.parameters()) * 2
+    assert text < full and text == parameters, (text, full, parameters)
+
+
+def test_a_checkpoint_too_big_for_the_gpu_is_one_line_before_any_weight_moves() -> None:
+    with pytest.raises(MemoryError) as err:
+        check_fits(60 << 30, 40 << 30, torch.device("cuda", 0), "model qwen3_6_27b (/root/models/Qwen3.6-27B)")
+    assert str(err.value) == (
+        "model qwen3_6_27b (/root/models/Qwen3.6-27B): 60.0 GiB of weights do not fit the 40.0 GiB free on cuda:0"
+    )
+    check_fits(10, 11, torch.device("cuda", 0), "fits")

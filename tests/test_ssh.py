@@ -54,10 +54,22 @@ def test_probe_over_ssh(sshd: SSHServer, mlflow_server: MlflowServer, tmp_path: 
 
 
 def test_decode_sweep_over_ssh(sshd: SSHServer, mlflow_server: MlflowServer, tmp_path: Path) -> None:
-    extra = ("experiment=ddtree_gdn", "experiment.num_prompts=1", "decode.max_new_tokens=12", "decode.tree_budgets=[8]")
+    """A local prompt file travels with the run: the host has only the copy in the run folder."""
+    local = tmp_path / "my prompts.jsonl"
+    local.write_text(json.dumps({"id": "mine-1", "messages": [{"role": "user", "content": "def add(a, b):"}]}) + "\n")
+    extra = (
+        "experiment=ddtree_gdn",
+        f"experiment.prompts='{local}'",
+        "decode.max_new_tokens=12",
+        "decode.tree_budgets=[8]",
+    )
     result = run_orchestrator(ssh_args(sshd, mlflow_server, tmp_path / "remote", tmp_path / "state", *extra), tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     (run_dir,) = (tmp_path / "remote" / "runs").iterdir()
+    assert (run_dir / "prompts.jsonl").read_text() == local.read_text()
+    assert stat.S_IMODE((run_dir / "prompts.jsonl").stat().st_mode) == 0o600
+    rows = [json.loads(line) for line in (run_dir / "generations.jsonl").read_text().splitlines()]
+    assert [row["id"] for row in rows] == ["mine-1"] and rows[0]["prompt"].startswith("def add(a, b):")
     client = MlflowClient(tracking_uri=mlflow_server.uri)
     run = client.get_run(run_dir.name)
     children = client.search_runs([run.info.experiment_id], f"tags.mlflow.parentRunId = '{run_dir.name}'")

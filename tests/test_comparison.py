@@ -1,0 +1,121 @@
+"""Methods side by side: one prefill per prompt, decode-only figures, repeats interleaved, medians with ranges."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from remote_worker.decoding.comparison import Comparison, MethodTally, PromptRun, Settings, methods_for, run_prompt
+from remote_worker.decoding.loop import DecodeResult, decode_from, prefill
+from remote_worker.models.target import TargetModel
+from tests.tiny_models import random_prompt, tiny
+
+pytestmark = pytest.mark.worker
+
+
+class CountingTarget(TargetModel):
+    """A tiny target that counts its prefills and makes each one slow (an extra 0.3 s)."""
+
+    def __init__(self, inner: TargetModel) -> None:
+        self.__dict__.update(inner.__dict__)
+        self.prefills = 0
+
+    def prefill(self, cache, tokens, hidden_layers=(), chunk=64):
+        self.prefills += 1
+        time.sleep(0.3)
+        return super().prefill(cache, tokens, hidden_layers, chunk)
+
+
+def test_one_prefill_per_prompt_and_decode_times_exclude_it() -> None:
+    target, draft = tiny("tiny_hybrid")
+    counting = CountingTarget(target)
+    methods = methods_for([4, 16])
+    order: list[tuple[str, int]] = []
+    run = run_prompt(
+        counting,
+        draft,
+        random_prompt(3),
+        methods,
+        Settings(max_new_tokens=6, repeats=3),
+        index=0,
+        before_decode=lambda method, repeat: order.append((method.scope, repeat)),
+    )
+    assert counting.prefills == 1, "every method and repeat decodes from the one prefill"
+    assert run.prefill_target_seconds >= 0.3
+    # the methods take turns: repeat 0 of each, then repeat 1 of each, …
+    assert order == [(m.scope, r) for r in range(3) for m in methods]
+    for scope, results in run.results.items():
+        assert len(results) == 3
+        assert all(r.decode_seconds < 0.3 for r in results), scope  # the slow prefill is not in them
+        assert all(r.tokens == results[0].tokens for r in results), "every repeat decodes the same tokens"
+    assert run.first("dflash").tokens == run.first("ar").tokens == run.first("ddtree_tb16").tokens
+
+
+def test_a_decode_leaves_the_prefilled_state_as_it_was() -> None:
+    target, draft = tiny("tiny_dense")
+    start = prefill(target, random_prompt(5), draft)
+    length, context = start.cache.length, start.draft_context.length
+    first = decode_from(target, start, method="ddtree", max_new_tokens=10, drafter=draft, budget=8)
+    again = decode_from(target, start, method="ddtree", max_new_tokens=10, drafter=draft, budget=8)
+    assert first.tokens == again.tokens and first.acceptance_lengths == again.acceptance_lengths
+    assert (start.cache.length, start.draft_context.length) == (length, context)
+
+
+def test_sampled_repeats_draw_the_same_tokens() -> None:
+    """At temperature > 0 the repeats of a method time the same work: the generator is seeded per prompt."""
+    target, draft = tiny("tiny_hybrid")
+    run = run_prompt(
+        target, draft, random_prompt(1), methods_for([8]), Settings(8, temperature=1.0, repeats=2, seed=4), index=2
+    )
+    for results in run.results.values():
+        assert results[0].tokens == results[1].tokens
+
+
+def fake_run(index: int, seconds: dict[str, list[float]], tokens: int = 10) -> PromptRun:
+    """A prompt's results with chosen decode times (one per repeat) and identical outputs."""
+    results = {}
+    for scope, times in seconds.items():
+        results[scope] = [
+            DecodeResult(tokens=list(range(tokens)), acceptance_lengths=[1] * (tokens // 2), decode_seconds=t)
+            for t in times
+        ]
+    return PromptRun(index, [1, 2, 3], 0.5, 0.1, results)
+
+
+def test_medians_and_ranges_of_decode_speed_and_speedup() -> None:
+    methods = methods_for([8])
+    comparison = Comparison(methods, temperature=0.0, dtype=torch.float32)
+    # Two prompts, three repeats. AR takes 1 s a prompt; DFlash 0.5, 0.25, 1.0 s; DDTree 0.2 s with one slow pass.
+    for index in range(2):
+        comparison.add(
+            fake_run(index, {"ar": [1.0, 1.0, 2.0], "dflash": [0.5, 0.25, 1.0], "ddtree_tb8": [0.2, 0.2, 0.2]})
+        )
+    metrics = comparison.metrics()
+    ar, dflash, ddtree = metrics["ar"], metrics["dflash"], metrics["ddtree_tb8"]
+    assert ar["tokens_per_s"] == pytest.approx(10.0)  # repeats at 10, 10, 5 tokens/s: median 10
+    assert (ar["tokens_per_s_min"], ar["tokens_per_s_max"]) == pytest.approx((5.0, 10.0))
+    assert dflash["tokens_per_s"] == pytest.approx(20.0)
+    assert (dflash["tokens_per_s_min"], dflash["tokens_per_s_max"]) == pytest.approx((10.0, 40.0))
+    # speedups are paired within a repeat: 2, 4, 2 → median 2; DDTree 5, 5, 10 → median 5
+    assert (dflash["speedup_vs_ar"], dflash["speedup_vs_ar_min"], dflash["speedup_vs_ar_max"]) == pytest.approx(
+        (2.0, 2.0, 4.0)
+    )
+    assert (ddtree["speedup_vs_ar"], ddtree["speedup_vs_ar_max"]) == pytest.approx((5.0, 10.0))
+    assert ddtree["tpot_ms"] == pytest.approx(1000 / ddtree["tokens_per_s"])
+    # prefill: the target's 0.5 s for AR, and the drafter's 0.1 s more for drafting methods
+    assert ar["prefill_ms"] == pytest.approx(500.0) and dflash["prefill_ms"] == pytest.approx(600.0)
+    assert ar["lossless"] == dflash["lossless"] == 1.0 and ar["repeats"] == 3.0
+    assert ar["near_tie_divergences"] == ar["unexplained_divergences"] == 0.0
+
+
+def test_no_exactness_metrics_when_sampling() -> None:
+    comparison = Comparison(methods_for([8]), temperature=0.7, dtype=torch.float32)
+    comparison.add(fake_run(0, {"ar": [1.0], "dflash": [1.0], "ddtree_tb8": [1.0]}))
+    assert all("lossless" not in m and "near_tie_divergences" not in m for m in comparison.metrics().values())
+
+
+def test_tally_starts_empty() -> None:
+    tally = MethodTally(methods_for([])[0])
+    assert tally.metrics(tally, exactness=True)["tokens_per_s"] == 0.0
