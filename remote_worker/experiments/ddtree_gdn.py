@@ -82,7 +82,8 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     enable_thinking = bool(spec.experiment.get("enable_thinking", False))
     encoded = encode_all(prompts, tokenizer, target, settings.max_new_tokens, enable_thinking, spec.model.name)
     methods = methods_for([int(b) for b in spec.decode.get("tree_budgets", [16, 32, 64])])
-    log.progress("setup", 2, 2, f"{len(prompts)} prompts × {len(methods)} methods × {settings.repeats} repeats")
+    passes = f" × {settings.repeats} repeats" if settings.repeats > 1 else ""
+    log.progress("setup", 2, 2, f"{len(prompts)} prompts × {len(methods)} methods{passes}")
     for method in methods:
         log.emit("params", _method_params(method, drafter.block_size, settings, len(prompts)), scope=method.scope)
     comparison = Comparison(methods, settings.temperature, target.dtype)

@@ -119,6 +119,8 @@ def load_model(spec: ModelSpec, seed: int) -> transformers.PreTrainedModel:
     path = checkpoint_dir(spec.path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"model directory {path} has no config.json (model.path)")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     free = _free_memory(device)
     if free is not None:
         needed = checkpoint_bytes(path, dtype, text_only=not spec.arch.endswith("ForConditionalGeneration"))
