@@ -140,12 +140,17 @@ def prompt_length_check(
         for run in runs:
             comparison.add(run)
         scope = methods[-1].scope
+        metrics = comparison.metrics()
         rows.append(
             {
                 "prompts": label,
                 "prompt_tokens": sum(len(i) for i in ids) / len(ids),
                 "method": scope,
-                "speedup_vs_ar": comparison.metrics()[scope]["speedup_vs_ar"],
+                "tau": metrics[scope]["tau"],
+                "verify_ms_per_round": metrics[scope]["verify_ms_per_round"],
+                "ar_verify_ms_per_round": metrics["ar"]["verify_ms_per_round"],
+                "prefill_ms": metrics["ar"]["prefill_ms"],
+                "speedup_vs_ar": metrics[scope]["speedup_vs_ar"],
                 "speedup_with_prefill": _end_to_end(runs, methods[-1]) / _end_to_end(runs, methods[0]),
             }
         )

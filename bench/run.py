@@ -62,13 +62,15 @@ def _divergence_table(results: list[dict]) -> list[str]:
 
 def _length_table(check: dict) -> list[str]:
     lines = [
-        "| prompts | prompt tokens | method | decode-only speedup | speedup with prefill counted |",
-        "|---|---|---|---|---|",
+        "| prompts | prompt tokens | prefill ms | method | tau | verify ms per round (AR's) "
+        "| decode-only speedup | speedup with prefill counted |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in check["rows"]:
         lines.append(
-            f"| {row['prompts']} | {row['prompt_tokens']:.0f} | {row['method']} | {row['speedup_vs_ar']:.2f} "
-            f"| {row['speedup_with_prefill']:.2f} |"
+            f"| {row['prompts']} | {row['prompt_tokens']:.0f} | {row['prefill_ms']:.0f} | {row['method']} "
+            f"| {row['tau']:.2f} | {row['verify_ms_per_round']:.1f} ({row['ar_verify_ms_per_round']:.1f}) "
+            f"| {row['speedup_vs_ar']:.2f} | {row['speedup_with_prefill']:.2f} |"
         )
     return lines
 

@@ -17,7 +17,8 @@ from remote_worker.decoding.loop import decode
 from remote_worker.decoding.tree_build import best_first_tree
 from remote_worker.models.loading import load_drafter, load_model
 from remote_worker.models.target import TargetModel
-from remote_worker.prompts import encode, load_prompts
+from remote_worker.prompt_set import DEFAULT_PROMPTS, load_prompt_file
+from remote_worker.prompts import encode
 from tests.tiny_models import model_spec
 
 
@@ -58,7 +59,7 @@ def commit_share(name: str, budget: int, repeats: int) -> dict[str, float]:
     spec = model_spec(name, "float32")
     model = load_model(spec, seed=0)
     target, drafter = TargetModel(model), load_drafter(spec, seed=0, target=model)
-    prompts = [encode(p, None, target.embed.num_embeddings) for p in load_prompts(None, None)]
+    prompts = [encode(p, None, target.embed.num_embeddings) for p in load_prompt_file(DEFAULT_PROMPTS)]
     shares, commit_ms = [], []
     for _ in range(repeats):
         stages = dict.fromkeys(("draft", "tree_build", "verify", "commit"), 0.0)
