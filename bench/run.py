@@ -120,7 +120,8 @@ def _large_sync_rows(sync: dict) -> list[str]:
 
 def markdown(results: dict) -> str:
     lines = [
-        f"Measured by `make bench` on {results['machine']} ({results['date']}), float32, CPU.",
+        f"Measured by `make bench` on {results['machine']} ({results['date']}), CPU, "
+        "float32 unless a row says otherwise.",
         "",
         "Decoding on the trained tiny pairs:",
         "",
@@ -133,7 +134,7 @@ def markdown(results: dict) -> str:
         "",
         f"Does the speedup still fall as prompts grow? {results['prompt_length']['model']}, "
         f"{results['prompt_length']['max_new_tokens']} new tokens, the same problems as they are and behind a "
-        "preamble of four others (the second column counts the prefill as the worker used to, first pass):",
+        "preamble of four others (the last column counts the prefill as the worker used to, first pass):",
         "",
         *_length_table(results["prompt_length"]),
         "",
