@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
+import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,7 @@ def check_group_choices(args: Sequence[str], conf_dir: Path) -> None:
         overrides = OverridesParser.create().parse_overrides(candidates)
     except HydraException:
         return
+    _check_known_keys([o for o in overrides if not (conf_dir / o.key_or_group).is_dir()], overrides, conf_dir)
     for override in overrides:
         group = override.key_or_group
         if override.package is not None or override.is_delete() or not (conf_dir / group).is_dir():
@@ -52,6 +55,38 @@ def check_group_choices(args: Sequence[str], conf_dir: Path) -> None:
         for value in values:
             if value not in allowed:
                 raise ConfigError(f"{group}={value!r} is not one of: {', '.join(allowed)}")
+
+
+def _dotted_keys(node: Any, prefix: str = "") -> Iterator[str]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _dotted_keys(value, f"{prefix}{key}.")
+    if prefix:
+        yield prefix[:-1]
+
+
+def _check_known_keys(plain: Sequence[Any], every: Sequence[Any], conf_dir: Path) -> None:
+    """An override of a key the config does not have (a typo) is one line naming the closest key, instead
+    of Hydra's multi-line report that suggests adding it with `+`."""
+    candidates = [o for o in plain if o.package is None and not o.is_add() and not o.is_force_add()]
+    candidates = [o for o in candidates if not o.key_or_group.startswith("hydra")]
+    if not candidates:
+        return
+    from hydra import compose, initialize_config_dir
+
+    groups = [o.input_line for o in every if (conf_dir / o.key_or_group).is_dir() and not o.is_sweep_override()]
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+            composed = compose(config_name="config", overrides=groups)
+    except HydraException:
+        return  # a bad group choice is reported by the caller
+    known = set(_dotted_keys(OmegaConf.to_container(composed, resolve=False)))
+    for override in candidates:
+        key = override.key_or_group
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise ConfigError(f"{key} is not a config key{hint}")
 
 
 def _choice(cfg: dict[str, Any], key: str, allowed: Sequence[str]) -> Any:
@@ -73,8 +108,8 @@ def _get(cfg: dict[str, Any], key: str) -> Any:
 def _number(cfg: dict[str, Any], key: str, *, minimum: float, integer: bool = False) -> float:
     value = _get(cfg, key)
     kinds = (int,) if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds) or value < minimum:
-        what = "an integer" if integer else "a number"
+    if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value) or value < minimum:
+        what = "an integer" if integer else "a finite number"
         raise ConfigError(f"{key}={value!r} must be {what} >= {minimum}")
     return value
 
@@ -156,7 +191,8 @@ def resolve_config(cfg: DictConfig) -> dict[str, Any]:
     if not uri.startswith(TRACKING_SCHEMES[kind]):
         schemes = " or ".join(f"{s}..." for s in TRACKING_SCHEMES[kind])
         raise ConfigError(f"tracking.uri={uri!r} must start with {schemes} for tracking={kind}")
-    _number(container, "seed", minimum=0, integer=True)
+    if _number(container, "seed", minimum=0, integer=True) >= 2**64:
+        raise ConfigError(f"seed={container['seed']} must be below 2**64 (a 64-bit seed)")
     for key in ("attach", "cancel"):
         run_id = _get(container, key)
         if run_id is not None and not re.fullmatch(r"[0-9a-f]{32}", str(run_id)):

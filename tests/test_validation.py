@@ -115,3 +115,51 @@ def test_cli_rejects_bad_config_before_creating_anything(tmp_path: Path, overrid
     assert result.stderr.strip().splitlines() == [expected]
     assert not store.exists(), "no MLflow store (and so no run) may be created for a bad config"
     assert not (tmp_path / "work").exists(), "nothing may be created on the host for a bad config"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["decode.temprature=0.5"], "decode.temprature is not a config key; did you mean decode.temperature?"),
+        (["hostt.workdir=/x"], "hostt.workdir is not a config key; did you mean host.workdir?"),
+        (
+            ["-m", "decode.temperature=0,1", "decode.tree_budgetz=[8]"],
+            "decode.tree_budgetz is not a config key; did you mean decode.tree_budgets?",
+        ),
+        (["host=kpro5", "host.keepalive=3"], "host.keepalive is not a config key; did you mean host.keepalive_s?"),
+        (["zzz=1"], "zzz is not a config key"),
+    ],
+)
+def test_an_unknown_key_is_one_line_with_the_closest_key(args: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        check_group_choices(args, CONF_DIR)
+    assert str(err.value) == message
+
+
+def test_known_and_added_keys_pass() -> None:
+    check_group_choices(["host=kpro5", "host.port=2222", "+decode.extra=1", "hydra.verbose=true"], CONF_DIR)
+    check_group_choices(["model=tiny_hybrid", "model.config.vocab_size=300", "decode.temperature=0.5"], CONF_DIR)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("decode.temperature=nan", "decode.temperature=nan must be a finite number >= 0"),
+        ("decode.temperature=inf", "decode.temperature=inf must be a finite number >= 0"),
+        ("seed=18446744073709551616", "seed=18446744073709551616 must be below 2**64 (a 64-bit seed)"),
+    ],
+)
+def test_non_finite_temperatures_and_huge_seeds_are_rejected(override: str, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        composed([override])
+    assert str(err.value) == message
+
+
+def test_a_typo_stops_the_cli_with_exit_2_and_no_run(tmp_path: Path) -> None:
+    store = tmp_path / "mlruns.db"
+    result = run_orchestrator(["decode.temprature=0.5", f"tracking.uri=sqlite:///{store}"], cwd=tmp_path, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "config error: decode.temprature is not a config key; did you mean decode.temperature?"
+    ]
+    assert not store.exists()

@@ -95,11 +95,16 @@ def run_prompt(
                 budget=method.budget,
                 temperature=settings.temperature,
                 stop_tokens=settings.stop_tokens,
-                generator=torch.Generator().manual_seed(settings.seed * 1_000_003 + index),
+                generator=torch.Generator().manual_seed(prompt_seed(settings.seed, index)),
                 record_margins=method.name == "ar" and settings.temperature == 0,
             )
             results[method.scope].append(result)
     return PromptRun(index, tokens.tolist(), start.target_seconds, start.draft_seconds, results)
+
+
+def prompt_seed(seed: int, index: int) -> int:
+    """The sampling seed of a prompt: the run's seed and the prompt's index, kept within 64 bits."""
+    return (seed * 1_000_003 + index) % 2**64
 
 
 def repetition_flags(
