@@ -38,7 +38,7 @@ def _decode_table(results: list[dict]) -> list[str]:
             )
     first = results[0]
     note = (
-        f"Temperature 0, {first['prompts']} HumanEval problems (about {first['prompt_tokens']:.0f} prompt tokens), "
+        f"Temperature 0, prompts: {first['prompts']} (about {first['prompt_tokens']:.0f} prompt tokens), "
         f"{first['max_new_tokens']} new tokens each. Each prompt is prefilled once; decode tokens/s and speedup "
         f"exclude the prefill and are medians of {first['repeats']} passes (range in brackets), the methods "
         "taking turns, each speedup taken within one pass."

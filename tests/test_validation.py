@@ -139,6 +139,9 @@ def test_an_unknown_key_is_one_line_with_the_closest_key(args: list[str], messag
 def test_known_and_added_keys_pass() -> None:
     check_group_choices(["host=kpro5", "host.port=2222", "+decode.extra=1", "hydra.verbose=true"], CONF_DIR)
     check_group_choices(["model=tiny_hybrid", "model.config.vocab_size=300", "decode.temperature=0.5"], CONF_DIR)
+    # a key of a swept group's choices is known (tiny_trained, the default model, has no model.config keys)
+    check_group_choices(["-m", "model=tiny_hybrid,tiny_dense", "model.config.hidden_size=128"], CONF_DIR)
+    check_group_choices(["-m", "sweep=default", "decode.block_size=2,4"], CONF_DIR)
 
 
 @pytest.mark.parametrize(

@@ -156,11 +156,14 @@ def decode_from(
     # Room for every token this decode can commit and the largest tree past them: no buffer grows mid-decode.
     widest = 1 + (max(budget, drafter.block_size) if drafting else 0)
     cache.reserve(start.prompt_length + max_new_tokens + widest)
+    if context is not None:
+        context.reserve(start.prompt_length + max_new_tokens + widest)
     feature_layers = drafter.feature_layers if drafting else ()
     mask_embedding = target.embed(torch.tensor(drafter.mask_token_id, device=target.device)) if drafting else None
     result = DecodeResult(tokens=[], acceptance_lengths=[])
     timer = _Timer(target.device, result)
     root = start.root
+    margins: list[torch.Tensor] = []
     _sync(target.device)
     started = time.perf_counter()
     while len(result.tokens) < max_new_tokens:
@@ -185,8 +188,8 @@ def decode_from(
         if feature_layers:
             with timer.stage("draft"):  # the drafter takes in the committed tokens' target features
                 drafter.extend(context, torch.cat([output.hidden[i][index] for i in feature_layers], dim=-1))
-        if record_margins:
-            result.margins += [tuple(row) for row in output.logits[index].topk(2, dim=-1).values.tolist()]
+        if record_margins:  # kept on the device; read after the clock stops
+            margins.append(output.logits[index].topk(2, dim=-1).values)
         result.tree_sizes.append(draft.tree.size)
         result.acceptance_lengths.append(len(path) - 1)
         emitted = [int(draft.tree.tokens[i]) for i in path[1:]] + [targets[path[-1]]]
@@ -203,5 +206,6 @@ def decode_from(
         root = emitted[-1]
     _sync(target.device)
     result.decode_seconds = time.perf_counter() - started
-    del result.margins[len(result.tokens) :]
+    if margins:
+        result.margins = [tuple(row) for row in torch.cat(margins).tolist()][: len(result.tokens)]
     return result

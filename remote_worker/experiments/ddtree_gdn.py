@@ -47,17 +47,25 @@ def prompt_source(spec: Spec) -> Path:
 
 
 def encode_all(
-    prompts: list[Prompt], tokenizer: Any, target: TargetModel, max_new_tokens: int, enable_thinking: bool, name: str
+    prompts: list[Prompt],
+    tokenizer: Any,
+    target: TargetModel,
+    max_new_tokens: int,
+    enable_thinking: bool,
+    name: str,
+    overhang: int = 0,
 ) -> list[torch.Tensor]:
-    """Every prompt's token ids; a prompt that leaves no room for the new tokens is an error, before decoding."""
+    """Every prompt's token ids; a prompt that leaves no room for the new tokens (and the `overhang` a last
+    round's draft may reach past them) is an error, before anything is decoded."""
     limit = context_length(target.model)
     encoded = []
     for prompt in prompts:
         ids = encode(prompt, tokenizer, target.embed.num_embeddings, enable_thinking)
-        if limit is not None and ids.shape[0] + max_new_tokens > limit:
+        needed = ids.shape[0] + max_new_tokens + overhang
+        if limit is not None and needed > limit:
             raise ValueError(
                 f"prompt {prompt.id!r} has {ids.shape[0]} tokens: with decode.max_new_tokens={max_new_tokens} it "
-                f"needs {ids.shape[0] + max_new_tokens} positions, more than model {name}'s context of {limit}"
+                f"needs {needed} positions, more than model {name}'s context of {limit}"
             )
         encoded.append(ids)
     return encoded
@@ -80,7 +88,9 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     )
     prompts = load_prompt_file(prompt_source(spec), spec.experiment.get("num_prompts"))
     enable_thinking = bool(spec.experiment.get("enable_thinking", False))
-    encoded = encode_all(prompts, tokenizer, target, settings.max_new_tokens, enable_thinking, spec.model.name)
+    encoded = encode_all(
+        prompts, tokenizer, target, settings.max_new_tokens, enable_thinking, spec.model.name, drafter.block_size
+    )
     methods = methods_for([int(b) for b in spec.decode.get("tree_budgets", [16, 32, 64])])
     passes = f" × {settings.repeats} repeats" if settings.repeats > 1 else ""
     log.progress("setup", 2, 2, f"{len(prompts)} prompts × {len(methods)} methods{passes}")

@@ -13,9 +13,10 @@ positions 0..c-1, the block c..c+block_size-1):
 - windowed (`sliding_attention` with a `sliding_window` w, as Qwen3Config resolves it): keys with
   |p - k| < w only. Such a layer reads only the last w-1 context keys; it never builds the whole context.
 
-Weights load from a DFlash checkpoint directory (config.json with `dflash_config`, `block_size` at the top
-level or inside `dflash_config`, safetensors weights named as in the published drafts), or are built from
-a tiny config with a seed.
+Weights load from a DFlash checkpoint directory (config.json with `dflash_config`; `block_size` inside
+`dflash_config`, else at the top level; safetensors weights named as in the published drafts), or are
+built from a tiny config with a seed. `dflash_config` entries of other drafter variants (an input
+embedding scale, a logit soft-cap, a convolution or selector) are refused rather than ignored.
 """
 
 from __future__ import annotations
@@ -59,6 +60,17 @@ def block_visibility(
     if window is not None:
         visible &= (query - key).abs() < window
     return None if bool(visible.all()) else visible
+
+
+# dflash_config keys of other drafter variants: harmless at these values, anything else changes the draft.
+_NEUTRAL = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": None}
+_OTHER_VARIANTS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+
+
+def unsupported_dflash_keys(dflash: dict[str, Any]) -> list[str]:
+    """`dflash_config` entries that would make this drafter compute something other than the checkpoint's."""
+    keys = [f"{k}={dflash[k]!r}" for k, neutral in _NEUTRAL.items() if k in dflash and dflash[k] != neutral]
+    return keys + [f"{k}={dflash[k]!r}" for k in _OTHER_VARIANTS if k in dflash]
 
 
 class DraftContext:
@@ -155,7 +167,13 @@ class DFlashDraft(nn.Module):
         dflash = dict(getattr(config, "dflash_config", None) or {})
         if "target_layer_ids" not in dflash or "mask_token_id" not in dflash:
             raise ValueError("a DFlash config needs dflash_config.target_layer_ids and dflash_config.mask_token_id")
-        block_size = getattr(config, "block_size", None) or dflash.get("block_size")
+        unsupported = unsupported_dflash_keys(dflash)
+        if unsupported:
+            raise ValueError(
+                f"draft config sets dflash_config {', '.join(unsupported)}, which this worker does not implement "
+                "(a newer drafter variant?)"
+            )
+        block_size = dflash.get("block_size") or getattr(config, "block_size", None)
         if not block_size:
             raise ValueError("a DFlash config needs block_size (at the top level or in dflash_config)")
         self.config = config

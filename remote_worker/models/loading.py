@@ -79,11 +79,15 @@ def checkpoint_bytes(path: Path, dtype: torch.dtype, text_only: bool) -> int:
     return total
 
 
+class CheckpointTooLarge(RuntimeError):
+    """The checkpoint's weights alone exceed the device's free memory (found before loading any)."""
+
+
 def check_fits(needed: int, free: int, device: torch.device, what: str) -> None:
     """One clear line, before any weight is copied, when the weights alone exceed the device's free memory."""
     if needed > free:
         gib = 1 << 30
-        raise MemoryError(
+        raise CheckpointTooLarge(
             f"{what}: {needed / gib:.1f} GiB of weights do not fit the {free / gib:.1f} GiB free on {device}"
         )
 
