@@ -19,6 +19,9 @@ class TeacherContext:
     def clone(self) -> TeacherContext:
         return TeacherContext(self.committed)
 
+    def reserve(self, needed: int) -> None:
+        """Nothing to reserve: the teacher keeps no buffers."""
+
 
 class TeacherDrafter:
     def __init__(self, sequence: list[int], vocab: int, block_size: int, seed: int, hit_rate: float = 0.7) -> None:

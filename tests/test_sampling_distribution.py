@@ -33,6 +33,8 @@ class BiasedContext:
     def clone(self) -> BiasedContext:
         return self
 
+    def reserve(self, needed: int) -> None: ...
+
 
 class BiasedDrafter:
     """Proposes tokens 0, 1, 2, … in that order of preference at every depth, whatever the target thinks."""
