@@ -33,6 +33,7 @@ def run(spec_path: Path) -> int:
                 f"spec: experiment.name={spec.experiment_name!r} is not one of: {', '.join(sorted(EXPERIMENTS))}"
             )
         summary = experiment(spec, log)
+        stop_signal.check()  # a stop swallowed on the way is still a stop, not a finished run
     except BaseException as exc:  # noqa: BLE001 - a stop or a failure, the log must say which
         signum = stop_signal.requested()
         if signum is None and not isinstance(exc, (SystemExit, KeyboardInterrupt)):

@@ -28,3 +28,10 @@ def install() -> None:
 def requested() -> int | None:
     """The signal that asked the worker to stop, if one did."""
     return _requested
+
+
+def check() -> None:
+    """Raise the stop again where the worker can act on it: the first SystemExit may have been swallowed by
+    library code it landed in (an import guarded by a broad `except`), and the work would otherwise go on."""
+    if _requested is not None:
+        raise SystemExit(128 + _requested)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -94,3 +95,24 @@ def test_sampling_sweep_reports_no_lossless(tmp_path: Path) -> None:
     assert {e.scope for e in summaries} == {"ar", "dflash", "ddtree_tb8"}
     assert all("lossless" not in e.data and e.data["tokens_per_s"] > 0 for e in summaries)
     assert log[-1].data["status"] == "FINISHED"
+
+
+def test_a_stop_swallowed_by_library_code_still_ends_the_run_killed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM's SystemExit can land in code that swallows it (an import under a broad `except`); the work
+    then returns normally, but the stop was asked for: the run ends KILLED, not FINISHED."""
+    from remote_worker import experiments, runner, stop_signal
+
+    def experiment_that_swallows(spec, log):
+        with contextlib.suppress(BaseException):  # what some library code does
+            stop_signal._handle(signal.SIGTERM, None)
+        return {}
+
+    monkeypatch.setattr(stop_signal, "_requested", None)
+    monkeypatch.setitem(experiments.EXPERIMENTS, "probe", experiment_that_swallows)
+    spec = decode_spec(tmp_path)
+    spec["experiment"] = {"name": "probe"}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    assert runner.run(tmp_path / "spec.json") == 128 + signal.SIGTERM
+    assert events(tmp_path)[-1].data == {"status": "KILLED", "error": "worker stopped by signal 15"}

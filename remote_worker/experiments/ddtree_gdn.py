@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from remote_worker import stop_signal
 from remote_worker.decoding.comparison import Comparison, Method, PromptRun, Settings, methods_for, run_prompt
 from remote_worker.decoding.divergence import Divergence
 from remote_worker.events import EventLog
@@ -103,6 +104,7 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
         for index, (prompt, ids) in enumerate(zip(prompts, encoded, strict=True)):
 
             def announce(method: Method, repeat: int, index: int = index, prompt: Prompt = prompt) -> None:
+                stop_signal.check()
                 done = (index * settings.repeats + repeat) * len(methods) + methods.index(method)
                 log.progress("decode", done, total, f"{prompt.id}: {method.scope}")
 
