@@ -6,24 +6,12 @@ import pytest
 import torch
 
 from remote_worker.models.dflash import build_draft
+from tests.test_draft_attention import config
 from tests.tiny_models import tiny
 from training.draft_forward import block_logits
 
 # A draft shaped like the Qwen3.6 ones: causal, windowed sliding layers, then a full-attention layer.
-SLIDING = dict(
-    vocab_size=512,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    block_size=8,
-    layer_types=["sliding_attention", "full_attention"],
-    sliding_window=5,
-    use_sliding_window=True,
-    dflash_config={"target_layer_ids": [0, 2], "mask_token_id": 511},
-)
+SLIDING = config(["sliding_attention", "full_attention"], sliding_window=5, use_sliding_window=True)
 
 
 @pytest.mark.parametrize("name", ["tiny_hybrid", "tiny_dense", "sliding_draft"])
