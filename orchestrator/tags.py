@@ -1,0 +1,44 @@
+"""Every MLflow tag name the orchestrator writes or reads, in one place (as MLflow's own `mlflow_tags.py`).
+
+A tag name is a public contract: the UI filters on it, `attach` reads it back, the sweep summary groups by
+it. Changing one here changes it everywhere; nothing else spells a tag name out.
+"""
+
+from __future__ import annotations
+
+# MLflow's own tags.
+PARENT_RUN_ID = "mlflow.parentRunId"
+SOURCE_GIT_COMMIT = "mlflow.source.git.commit"
+
+# What the run is.
+HOST = "host"
+MODEL = "model"
+GIT_COMMIT = "git.commit"
+GIT_DIRTY = "git.dirty"
+HYDRA_OVERRIDES = "hydra.overrides"
+
+# How it ended, when it did not finish.
+ERROR = "error"
+FAILURE_STAGE = "failure_stage"
+
+# The worker, as it reported itself (start and end events).
+WORKER_PID = "worker.pid"
+WORKER_GPU = "worker.gpu"
+WORKER_STATUS = "worker.status"
+MISSING_ARTIFACT_PREFIX = "missing_artifact."
+EVENT_LOG_SKIPPED = "event_log.skipped"
+
+# The orchestrator's own bookkeeping: where the stream stands, who follows the run.
+SCOPE = "orchestrator.scope"
+LAST_SEQ = "orchestrator.last_seq"
+OFFSET = "orchestrator.offset"
+DETACHED = "orchestrator.detached"
+ATTACH_COMMAND = "attach_command"
+
+# Sweeps: the parent run and the place of each job in it.
+ROLE = "orchestrator.role"
+SWEEP_JOB = "sweep.job"
+SWEEP_LAUNCHER = "sweep.launcher"
+SWEEP_FAIL_FAST = "sweep.fail_fast"
+SWEEP_JOBS = "sweep.jobs"
+SWEEP_NOT_FINISHED = "sweep.not_finished"
