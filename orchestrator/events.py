@@ -8,7 +8,7 @@ from typing import Any
 
 from remote_worker.events import EVENTS_FILE, KINDS
 
-__all__ = ["EVENTS_FILE", "Event", "ProtocolError", "parse_event", "split_events"]
+__all__ = ["EVENTS_FILE", "BadLine", "Event", "ProtocolError", "parse_chunk", "parse_event", "split_events"]
 
 
 class ProtocolError(RuntimeError):
@@ -54,3 +54,29 @@ def split_events(chunk: bytes) -> tuple[list[Event], int]:
     end = chunk.rfind(b"\n") + 1
     events = [parse_event(line) for line in chunk[:end].splitlines() if line.strip()]
     return events, end
+
+
+@dataclass(frozen=True)
+class BadLine:
+    """A complete line of the log that is not an event: skipped, and reported with where it lies."""
+
+    offset: int  # byte offset of the line's start in events.jsonl
+    reason: str
+
+
+def parse_chunk(chunk: bytes, base_offset: int) -> tuple[list[Event], list[BadLine], int]:
+    """Like `split_events`, but a malformed line is set aside instead of stopping the stream.
+
+    `base_offset` is where `chunk` starts in the log, so each bad line is reported at its own offset."""
+    end = chunk.rfind(b"\n") + 1
+    events: list[Event] = []
+    bad: list[BadLine] = []
+    position = 0
+    for line in chunk[:end].split(b"\n")[:-1]:
+        if line.strip():
+            try:
+                events.append(parse_event(line))
+            except ProtocolError as exc:
+                bad.append(BadLine(base_offset + position, str(exc)))
+        position += len(line) + 1
+    return events, bad, end

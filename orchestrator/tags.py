@@ -26,7 +26,7 @@ WORKER_PID = "worker.pid"
 WORKER_GPU = "worker.gpu"
 WORKER_STATUS = "worker.status"
 MISSING_ARTIFACT_PREFIX = "missing_artifact."
-EVENT_LOG_SKIPPED = "event_log.skipped"
+EVENT_LOG_WARNINGS = "event_log.warnings"
 
 # The orchestrator's own bookkeeping: where the stream stands, who follows the run.
 SCOPE = "orchestrator.scope"

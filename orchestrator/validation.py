@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from orchestrator.prompts import resolve_prompts
+from orchestrator.settings import JobConfig
 from orchestrator.sync import SYNC_METHODS
 from remote_worker.prompt_set import PromptSetError
 from remote_worker.spec import DEVICES, DTYPES, EXPERIMENT_NAMES, MODEL_SOURCES
@@ -234,4 +235,13 @@ def resolve_config(cfg: DictConfig) -> dict[str, Any]:
     if _number(container, "orchestrator.poll_interval_s", minimum=0) == 0:
         raise ConfigError("orchestrator.poll_interval_s must be > 0")
     _number(container, "orchestrator.kill_grace_s", minimum=0)
+    for key in ("orchestrator.start_timeout_s", "orchestrator.stall_warning_s", "tracking.timeout_s"):
+        if _number(container, key, minimum=0) == 0:
+            raise ConfigError(f"{key} must be > 0")
+    _number(container, "tracking.outage_wait_s", minimum=0)
     return container
+
+
+def validate(cfg: DictConfig) -> JobConfig:
+    """The checked config, typed: what every command reads from here on."""
+    return JobConfig.from_resolved(resolve_config(cfg))

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from orchestrator.events import ProtocolError, split_events
+from orchestrator.events import split_events
 from orchestrator.state import StateStore, StreamState
+from orchestrator.tags import EVENT_LOG_WARNINGS
 from orchestrator.tracking.sink import LAST_SEQ_TAG, OFFSET_TAG, MlflowSink
 from orchestrator.transport import LocalTransport
 from remote_worker.events import EVENTS_FILE, EventLog
@@ -144,12 +145,43 @@ def test_delivery_in_pieces_equals_delivery_at_once(job, store) -> None:
     assert comparable(pieces) == comparable(whole)
 
 
-def test_a_gap_in_seq_is_a_protocol_error(job) -> None:
+def test_a_gap_in_seq_is_a_warning_and_the_stream_goes_on(job) -> None:
     client, experiment_id, run_id, run_dir, raw, state_dir = job
     events, _ = split_events(raw)
     sink = new_sink(client, experiment_id, run_id, run_dir, state_dir)
-    with pytest.raises(ProtocolError, match="gap"):
-        sink.apply([events[0], events[2]], 0)
+    assert [e.seq for e in sink.apply([events[0], events[2]], 0)] == [0, 2]
+    assert sink.state.last_seq == 2
+    assert "seq 2 follows 0" in client.get_run(run_id).data.tags[EVENT_LOG_WARNINGS]
+
+
+class Outage(RuntimeError):
+    pass
+
+
+def test_a_batch_mlflow_refused_half_way_moves_nothing_and_lands_whole_later(job, monkeypatch) -> None:
+    client, experiment_id, run_id, run_dir, raw, state_dir = job
+    events, end = split_events(raw)
+    sink = new_sink(client, experiment_id, run_id, run_dir, state_dir)
+    calls = {"n": 0}
+    real = client.log_batch
+
+    def flaky(*args, **kwargs):  # the second call of the batch finds the store gone
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise Outage("store gone")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(client, "log_batch", flaky)
+    with pytest.raises(Outage):
+        sink.apply(events, end)
+    assert (sink.state.last_seq, sink.state.offset) == (-1, 0)
+    assert StateStore(state_dir).load(run_id) is None
+    assert sink.apply(events, end) != []
+    assert sink.state.last_seq == events[-1].seq
+    expected = snapshot(client, [run_id, *sink.run_ids()[:-1]])
+    fresh = new_sink(client, experiment_id, run_id, run_dir, state_dir / "again")
+    fresh.apply(events, end)  # everything once more from scratch: nothing changes, nothing doubles
+    assert snapshot(client, [run_id, *sink.run_ids()[:-1]]) == expected
 
 
 def test_thousands_of_metrics_are_batched_and_all_kept(store, tmp_path: Path) -> None:

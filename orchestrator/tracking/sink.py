@@ -5,6 +5,14 @@ byte offset are saved (locally and as tags), so a restarted orchestrator resumes
 A crash between applying and saving replays a few events; that is harmless, because every effect is
 idempotent: metrics carry the worker's timestamp (MLflow keeps one row per key, timestamp, step and value),
 params are re-logged with the same value, tags and artifacts are overwritten with the same content.
+
+A batch is a transaction as far as the stream state goes: the state moves only after MLflow took every
+call of the batch. If the store stops answering half-way, the batch is sent again whole later, and the
+idempotence above makes the calls that did land harmless to repeat.
+
+What the worker wrote wrongly never stops the stream: a metric value that is not a number, an artifact
+path outside the run folder, a `seq` that skips (a malformed line was set aside) are recorded as warnings
+on the run; only the worker decides to stop.
 """
 
 from __future__ import annotations
@@ -24,15 +32,17 @@ from mlflow.utils.validation import (
     MAX_PARAMS_TAGS_PER_BATCH,
 )
 
-from orchestrator.events import Event, ProtocolError
+from orchestrator import tags
+from orchestrator.events import Event
 from orchestrator.redaction import redact, to_params
 from orchestrator.state import StateStore, StreamState
 from orchestrator.transport import Transport
 
-SCOPE_TAG = "orchestrator.scope"
-LAST_SEQ_TAG = "orchestrator.last_seq"
-OFFSET_TAG = "orchestrator.offset"
-DETACHED_TAG = "orchestrator.detached"
+# Kept for the tests and tools that name them from here.
+SCOPE_TAG = tags.SCOPE
+LAST_SEQ_TAG = tags.LAST_SEQ
+OFFSET_TAG = tags.OFFSET
+DETACHED_TAG = tags.DETACHED
 
 
 @dataclass
@@ -60,28 +70,41 @@ class MlflowSink:
         self.transport = transport
         self.end: dict[str, Any] | None = None
         self.error: str | None = None
+        self.warnings: list[str] = []
         self._pending: dict[str, _Pending] = defaultdict(_Pending)
 
     # -- the public surface ---------------------------------------------------------------------------
 
     def apply(self, events: list[Event], end_offset: int) -> list[Event]:
-        """Apply the new events among `events`; return those that were new. Saves state at the end."""
-        fresh = []
-        for event in events:
-            if event.seq <= self.state.last_seq:
-                continue
-            if event.seq != self.state.last_seq + 1:
-                raise ProtocolError(f"event seq {event.seq} follows {self.state.last_seq}: the log has a gap")
-            self._apply_one(event)
-            self.state.last_seq = event.seq
-            fresh.append(event)
-        self.state.offset = max(self.state.offset, end_offset)
-        self._pending[self.state.run_id].tags.update(
-            {LAST_SEQ_TAG: str(self.state.last_seq), OFFSET_TAG: str(self.state.offset)}
-        )
-        self._flush()
+        """Apply the new events among `events`; return those that were new.
+
+        The state (last seq, offset) moves and is saved only once MLflow has taken the whole batch; an error
+        from MLflow leaves it where it was, so the same events are applied again next time."""
+        fresh = [event for event in events if event.seq > self.state.last_seq]
+        expected = self.state.last_seq + 1
+        try:
+            for event in fresh:
+                if event.seq != expected:
+                    self._warn(f"event seq {event.seq} follows {expected - 1}: a line was skipped")
+                self._apply_one(event)
+                expected = event.seq + 1
+            last_seq = fresh[-1].seq if fresh else self.state.last_seq
+            offset = max(self.state.offset, end_offset)
+            job_tags = self._pending[self.state.run_id].tags
+            job_tags.update({tags.LAST_SEQ: str(last_seq), tags.OFFSET: str(offset)})
+            if self.warnings:
+                job_tags[tags.EVENT_LOG_WARNINGS] = self._warnings_tag()
+            self._flush()
+        finally:
+            self._pending.clear()
+        self.state.last_seq, self.state.offset = last_seq, offset
         self.store.save(self.state)
         return fresh
+
+    def record_warnings(self, lines: list[str]) -> None:
+        """Warnings found outside the sink (malformed lines of the log), for the run's warning tag."""
+        for line in lines:
+            self._warn(line)
 
     def run_ids(self) -> list[str]:
         """The job's run and every child run, children first."""
@@ -97,9 +120,9 @@ class MlflowSink:
             self._log_remote_file(run_id, str(data.get("path", "traceback.txt")))
         pending = self._pending[run_id]
         if event.kind == "start":
-            pending.tags["worker.pid"] = str(data.get("pid", ""))
+            pending.tags[tags.WORKER_PID] = str(data.get("pid", ""))
             if "cuda_visible_devices" in data:
-                pending.tags["worker.gpu"] = str(data["cuda_visible_devices"])
+                pending.tags[tags.WORKER_GPU] = str(data["cuda_visible_devices"])
         elif event.kind == "env":
             pending.tags.update({k: str(v) for k, v in redact(data).items()})
         elif event.kind == "params":
@@ -107,13 +130,18 @@ class MlflowSink:
         elif event.kind == "metrics":
             step = event.step or 0
             for key, value in data.items():
-                pending.metrics.append(Metric(key, float(value), event.timestamp_ms, step))
+                try:
+                    number = float(value)
+                except (TypeError, ValueError):
+                    self._warn(f"metric {key}={str(value)[:40]!r} at seq {event.seq} is not a number")
+                    continue
+                pending.metrics.append(Metric(key, number, event.timestamp_ms, step))
         elif event.kind == "traceback":
             self.error = str(data.get("error", "worker raised an exception"))
-            pending.tags.update({"error": self.error, "failure_stage": "worker"})
+            pending.tags.update({tags.ERROR: self.error, tags.FAILURE_STAGE: "worker"})
         elif event.kind == "end":
             self.end = data
-            pending.tags["worker.status"] = str(data.get("status", "unknown"))
+            pending.tags[tags.WORKER_STATUS] = str(data.get("status", "unknown"))
         # `progress` and `log` are for the terminal; they stay in events.jsonl, which is logged at the end.
 
     def _run_for(self, scope: str | None) -> str:
@@ -127,7 +155,7 @@ class MlflowSink:
         # A previous orchestrator may have created the child and died before saving its state.
         found = self.client.search_runs(
             [self.experiment_id],
-            filter_string=f"tags.mlflow.parentRunId = '{self.state.run_id}' and tags.`{SCOPE_TAG}` = '{scope}'",
+            filter_string=f"tags.mlflow.parentRunId = '{self.state.run_id}' and tags.`{tags.SCOPE}` = '{scope}'",
             max_results=1,
         )
         if found:
@@ -135,20 +163,29 @@ class MlflowSink:
         child = self.client.create_run(
             self.experiment_id,
             run_name=scope,
-            tags={"mlflow.parentRunId": self.state.run_id, SCOPE_TAG: scope},
+            tags={tags.PARENT_RUN_ID: self.state.run_id, tags.SCOPE: scope},
         )
         return child.info.run_id
 
     def _log_remote_file(self, run_id: str, relative: str) -> None:
         if relative.startswith("/") or ".." in relative.split("/"):
-            raise ProtocolError(f"artifact path {relative!r} is not inside the run directory")
+            self._warn(f"artifact path {relative[:80]!r} is not inside the run directory; not logged")
+            return
         with tempfile.TemporaryDirectory() as tmp:
             local = Path(tmp) / posixpath.basename(relative)
             if self.transport.fetch(posixpath.join(self.state.run_dir, relative), local):
                 folder = posixpath.dirname(relative) or None
                 self.client.log_artifact(run_id, str(local), artifact_path=folder)
             else:
-                self._pending[run_id].tags[f"missing_artifact.{relative}"] = "listed by the worker but not found"
+                missing = f"{tags.MISSING_ARTIFACT_PREFIX}{relative}"
+                self._pending[run_id].tags[missing] = "listed by the worker but not found"
+
+    def _warn(self, line: str) -> None:
+        if line not in self.warnings:
+            self.warnings.append(line)
+
+    def _warnings_tag(self) -> str:
+        return (f"{len(self.warnings)}: " + " | ".join(self.warnings[-3:]))[:MAX_PARAM_VAL_LENGTH]
 
     def _flush(self) -> None:
         """Send everything pending in as few `log_batch` calls as MLflow's per-call limits allow."""

@@ -1,0 +1,84 @@
+"""A local, byte-exact copy of the worker's `events.jsonl`, so reading the worker never waits on MLflow.
+
+Reading and applying are two cursors over the same bytes: the mirror's size is how far the host's log has
+been read; the stream state's `offset` is how far MLflow has been told. While the tracking store is down
+the first keeps moving and the second waits; when it comes back, the waiting events are applied from the
+mirror, each exactly once (by `seq`). The mirror also answers "how did the worker end?" from the worker's
+own `end` event, whoever applied it and whenever, because it always holds the log from its first byte.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import time
+from pathlib import Path
+
+from orchestrator.events import EVENTS_FILE, BadLine, Event, parse_chunk
+from orchestrator.transport import Transport
+
+READ_LIMIT = 4 * 1024 * 1024
+
+
+class EventMirror:
+    def __init__(self, path: Path, run_dir: str) -> None:
+        self.path = path
+        self.host_path = posixpath.join(run_dir, EVENTS_FILE)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.touch(exist_ok=True)
+        self.size = self.path.stat().st_size
+        self.end: Event | None = None
+        self.bad: list[BadLine] = []
+        self.events_seen = 0
+        self.last_growth = time.monotonic()
+        self._scanned = 0
+        self.scan()
+
+    def pull(self, transport: Transport) -> int:
+        """Copy what the worker appended since the last pull; return how many bytes came."""
+        added = 0
+        while True:
+            chunk = transport.read_bytes(self.host_path, self.size, READ_LIMIT)
+            if not chunk:
+                break
+            with self.path.open("ab") as f:
+                f.write(chunk)
+                f.flush()
+                os.fsync(f.fileno())
+            self.size += len(chunk)
+            added += len(chunk)
+            if len(chunk) < READ_LIMIT:
+                break
+        if added:
+            self.last_growth = time.monotonic()
+        return added
+
+    def scan(self) -> list[BadLine]:
+        """Look at the lines that became complete: note the `end` event; return the malformed lines."""
+        with self.path.open("rb") as f:
+            f.seek(self._scanned)
+            chunk = f.read()
+        events, bad, consumed = parse_chunk(chunk, self._scanned)
+        self._scanned += consumed
+        self.events_seen += len(events)
+        for event in events:
+            if event.kind == "end" and self.end is None:
+                self.end = event
+        self.bad.extend(bad)
+        return bad
+
+    def events_after(self, offset: int) -> tuple[list[Event], int]:
+        """Every complete event from byte `offset` on, and the offset just past the last complete line."""
+        with self.path.open("rb") as f:
+            f.seek(offset)
+            chunk = f.read()
+        events, _bad, consumed = parse_chunk(chunk, offset)
+        return events, offset + consumed
+
+    def waiting(self, last_applied_seq: int, offset: int) -> int:
+        """How many read events MLflow has not been told yet."""
+        events, _ = self.events_after(offset)
+        return sum(1 for event in events if event.seq > last_applied_seq)
+
+    def seconds_silent(self) -> float:
+        return time.monotonic() - self.last_growth

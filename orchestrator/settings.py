@@ -1,0 +1,120 @@
+"""The resolved config as typed values, built once by validation and read by attribute everywhere after.
+
+The worker's own sections (experiment, model, decode, probe) stay plain mappings: they travel as they are
+into `spec.json`, where the worker's `remote_worker/spec.py` types and checks them on its side.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+
+class Command(str, Enum):
+    """What `python -m orchestrator` was asked to do (one of them; validation refuses combinations)."""
+
+    RUN = "run"
+    DETACH = "detach"
+    ATTACH = "attach"
+    CANCEL = "cancel"
+    LIST = "list"
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    name: str
+    kind: str  # local or ssh
+    python: str | None
+    workdir: str
+    env: dict[str, str]
+    gpus: str | list[int]  # auto, none, or indices
+    gpu_lock_dir: str
+    sync: str
+    reconnect_budget_s: float
+    raw: dict[str, Any]  # every key, for the SSH connection's own settings (hostname, port, keys, keepalives)
+
+    @property
+    def is_ssh(self) -> bool:
+        return self.kind == "ssh"
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    kind: str  # local or server
+    uri: str
+    artifact_root: str | None
+    timeout_s: float  # one request to the tracking server, retries included
+    outage_wait_s: float  # after the worker ended: how long to wait for an unreachable server
+
+
+@dataclass(frozen=True)
+class OrchestratorConfig:
+    state_dir: str
+    poll_interval_s: float
+    kill_grace_s: float
+    start_timeout_s: float
+    stall_warning_s: float
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    command: Command
+    run_id: str | None  # for attach and cancel
+    host: HostConfig
+    tracking: TrackingConfig
+    orchestrator: OrchestratorConfig
+    experiment_name: str
+    model_name: str
+    seed: int
+    fail_fast: bool
+    worker_sections: dict[str, Any]  # experiment, model, decode, probe: the spec's content
+    resolved: dict[str, Any]  # the whole resolved config, for params and config.yaml (redacted there)
+
+    @classmethod
+    def from_resolved(cls, config: dict[str, Any]) -> JobConfig:
+        host, tracking, orch = config["host"], config["tracking"], config["orchestrator"]
+        if config["attach"]:
+            command, run_id = Command.ATTACH, str(config["attach"])
+        elif config["cancel"]:
+            command, run_id = Command.CANCEL, str(config["cancel"])
+        elif config["list"]:
+            command, run_id = Command.LIST, None
+        else:
+            command, run_id = (Command.DETACH if config["detach"] else Command.RUN), None
+        return cls(
+            command=command,
+            run_id=run_id,
+            host=HostConfig(
+                name=str(host["name"]),
+                kind=str(host["kind"]),
+                python=host.get("python"),
+                workdir=str(host["workdir"]),
+                env={str(k): str(v) for k, v in (host.get("env") or {}).items()},
+                gpus=host.get("gpus", "none"),
+                gpu_lock_dir=str(host["gpu_lock_dir"]),
+                sync=str(host.get("sync", "auto")),
+                reconnect_budget_s=float(host.get("reconnect_budget_s", 0)),
+                raw=dict(host),
+            ),
+            tracking=TrackingConfig(
+                kind=str(tracking["kind"]),
+                uri=str(tracking["uri"]),
+                artifact_root=tracking.get("artifact_root"),
+                timeout_s=float(tracking["timeout_s"]),
+                outage_wait_s=float(tracking["outage_wait_s"]),
+            ),
+            orchestrator=OrchestratorConfig(
+                state_dir=str(orch["state_dir"]),
+                poll_interval_s=float(orch["poll_interval_s"]),
+                kill_grace_s=float(orch["kill_grace_s"]),
+                start_timeout_s=float(orch["start_timeout_s"]),
+                stall_warning_s=float(orch["stall_warning_s"]),
+            ),
+            experiment_name=str(config["experiment"]["name"]),
+            model_name=str(config["model"]["name"]),
+            seed=int(config["seed"]),
+            fail_fast=bool(config["sweep"]["fail_fast"]),
+            worker_sections={k: config[k] for k in ("experiment", "model", "decode", "probe")},
+            resolved=config,
+        )

@@ -1,0 +1,71 @@
+"""How a job ends, in one place: the statuses, the stages a failure is charged to, and their exit codes.
+
+| status     | MLflow run status      | exit code | meaning                                                          |
+| ---------- | ---------------------- | --------- | ---------------------------------------------------------------- |
+| FINISHED   | FINISHED               | 0         | the worker recorded `end` FINISHED and everything was applied    |
+| FAILED     | FAILED                 | 1         | the worker recorded FAILED, or died, or a phase before it failed |
+| KILLED     | KILLED                 | 130       | Ctrl-C, `cancel`, a cancelled sweep, or the worker's own SIGTERM |
+| DETACHED   | stays RUNNING          | 75        | left for `attach`: host or MLflow out of reach, `detach=true` |
+
+A config mistake exits 2 before any run exists (see `CONFIG_ERROR_EXIT`); a run that cannot even begin
+(tracking server or state folder unusable) exits 1 with one line and creates nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+CONFIG_ERROR_EXIT = 2
+
+
+class RunStatus(str, Enum):
+    FINISHED = "FINISHED"
+    FAILED = "FAILED"
+    KILLED = "KILLED"
+    DETACHED = "DETACHED"
+
+    @property
+    def exit_code(self) -> int:
+        return _EXIT_CODES[self]
+
+    @property
+    def ends_the_run(self) -> bool:
+        """DETACHED leaves the MLflow run RUNNING, for `attach` to finish."""
+        return self is not RunStatus.DETACHED
+
+    @classmethod
+    def from_worker(cls, value: object) -> RunStatus:
+        """The status a worker's `end` event names; anything unknown counts as FAILED."""
+        try:
+            status = cls(str(value))
+        except ValueError:
+            return cls.FAILED
+        return cls.FAILED if status is cls.DETACHED else status
+
+
+_EXIT_CODES = {RunStatus.FINISHED: 0, RunStatus.FAILED: 1, RunStatus.KILLED: 130, RunStatus.DETACHED: 75}
+
+
+class Stage(str, Enum):
+    """The phase a failure belongs to (the `failure_stage` tag)."""
+
+    CONNECT = "connect"
+    PREFLIGHT = "preflight"
+    SYNC = "sync"
+    LAUNCH = "launch"
+    FOLLOW = "follow"
+    WORKER = "worker"
+    COLLECT = "collect"
+    CANCEL = "cancel"
+    SWEEP = "sweep"
+    LOCAL = "local"  # this machine: the state folder, the local disk, a bug in the orchestrator
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How the job ended (or why it was left running), with the one line that says why."""
+
+    status: RunStatus
+    error: str | None = None
+    stage: Stage | None = None

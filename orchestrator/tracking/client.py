@@ -1,0 +1,87 @@
+"""The tracking store as the lifecycle sees it: opened with a deadline, and its outages told from its errors.
+
+MLflow's HTTP client retries a refused connection for about four minutes before it raises, which would
+freeze the follow loop while events pile up. Here each request gets `tracking.timeout_s` and no retries of
+its own; the orchestrator does the waiting, because it knows what is waiting (the events, kept locally by
+byte offset) and can keep reading the worker meanwhile.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import requests
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from orchestrator.redaction import redact_url
+from orchestrator.settings import TrackingConfig
+
+# How MLflow words a request that never got an answer, or got a gateway's or an overloaded server's.
+_NO_ANSWER = re.compile(r"API request to \S+ failed with (timeout )?exception|failed with error code 5\d\d")
+
+
+class TrackingUnavailable(RuntimeError):
+    """The tracking store did not answer (refused, timed out, 5xx); nothing was lost, try again later."""
+
+
+def is_outage(error: BaseException) -> bool:
+    """Whether `error` says the store is out of reach, as opposed to a request it refused (a bug)."""
+    if isinstance(error, TrackingUnavailable):
+        return True
+    if isinstance(error, (requests.ConnectionError, requests.Timeout, ConnectionError, TimeoutError)):
+        return True
+    if isinstance(error, requests.HTTPError):
+        return error.response is not None and error.response.status_code >= 500
+    if isinstance(error, MlflowException):
+        return bool(_NO_ANSWER.search(str(error)))
+    return False
+
+
+def short_reason(error: BaseException) -> str:
+    """The last clause of a long MLflow/urllib3 message: what a person needs (refused, timed out)."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    for marker in ("Failed to establish a new connection: ", "Read timed out", "Caused by "):
+        if marker in text:
+            text = text[text.index(marker) :]
+            break
+    text = re.sub(r"<[^>]*>:?\s*", "", text).strip(" ,'\")(")
+    return text[:160]
+
+
+@contextmanager
+def outages_named() -> Iterator[None]:
+    """Turn an MLflow error that means "no answer" into TrackingUnavailable; let every other error through."""
+    try:
+        yield
+    except TrackingUnavailable:
+        raise
+    except Exception as exc:
+        if is_outage(exc):
+            raise TrackingUnavailable(short_reason(exc)) from exc
+        raise
+
+
+def configure_requests(tracking: TrackingConfig) -> None:
+    """One attempt of at most `timeout_s` per request (MLflow reads these when each request is made)."""
+    os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
+    os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(max(1, round(tracking.timeout_s)))
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # the summary prints the URL
+
+
+def open_tracking(tracking: TrackingConfig) -> MlflowClient:
+    """A client for the store, checked with one cheap request: an unreachable store is one line, at once."""
+    configure_requests(tracking)
+    client = MlflowClient(tracking_uri=tracking.uri)
+    try:
+        with outages_named():
+            client.search_experiments(max_results=1)
+    except TrackingUnavailable as exc:
+        raise TrackingUnavailable(
+            f"tracking.uri {redact_url(tracking.uri)} does not answer within {tracking.timeout_s:g}s ({exc}); "
+            "start the server or check tracking.uri"
+        ) from None
+    return client
