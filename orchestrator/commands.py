@@ -1,19 +1,14 @@
-"""The commands besides run-and-follow: list the runs active on a host, cancel one."""
+"""`list=true`: the runs whose worker is alive on a host."""
 
 from __future__ import annotations
 
 import posixpath
 from typing import Any
 
-from mlflow.tracking import MlflowClient
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.launch import stop_worker, worker_status
-from orchestrator.state import StateStore, StreamState
-from orchestrator.stream import drain
-from orchestrator.tracking.runs import finish
-from orchestrator.tracking.sink import MlflowSink
+from orchestrator.launch import worker_status
 from orchestrator.transport import Transport
 
 
@@ -34,24 +29,4 @@ def list_runs(console: Console, transport: Transport, host: dict[str, Any]) -> i
         console.print(table)
     else:
         console.print(f"no active runs on {host['name']} (under {runs_dir})")
-    return 0
-
-
-def cancel_run(
-    console: Console,
-    client: MlflowClient,
-    transport: Transport,
-    experiment_id: str,
-    state: StreamState,
-    store: StateStore,
-    grace_s: float,
-) -> int:
-    """Stop the run's worker (SIGTERM, then SIGKILL), apply what it wrote last, end the run KILLED."""
-    final = stop_worker(transport, state.run_dir, grace_s)
-    sink = MlflowSink(client, experiment_id, state, store, transport)
-    drain(transport, sink, lambda _event: None)
-    client.set_tag(state.run_id, "error", "cancelled by the user")
-    client.set_tag(state.run_id, "failure_stage", "cancel")
-    finish(client, sink.run_ids(), "KILLED")
-    console.print(f"cancelled {state.run_id}: {final.describe()}; the run ends KILLED")
     return 0

@@ -14,6 +14,7 @@ import posixpath
 import time
 from pathlib import Path
 
+from orchestrator.errors import LocalFailure
 from orchestrator.events import EVENTS_FILE, BadLine, Event, parse_chunk
 from orchestrator.transport import Transport
 
@@ -24,8 +25,11 @@ class EventMirror:
     def __init__(self, path: Path, run_dir: str) -> None:
         self.path = path
         self.host_path = posixpath.join(run_dir, EVENTS_FILE)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.touch(exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.touch(exist_ok=True)
+        except OSError as exc:
+            raise LocalFailure(f"orchestrator.state_dir: cannot write {self.path}: {exc.strerror or exc}") from exc
         self.size = self.path.stat().st_size
         self.end: Event | None = None
         self.bad: list[BadLine] = []
@@ -41,10 +45,13 @@ class EventMirror:
             chunk = transport.read_bytes(self.host_path, self.size, READ_LIMIT)
             if not chunk:
                 break
-            with self.path.open("ab") as f:
-                f.write(chunk)
-                f.flush()
-                os.fsync(f.fileno())
+            try:
+                with self.path.open("ab") as f:
+                    f.write(chunk)
+                    f.flush()
+                    os.fsync(f.fileno())
+            except OSError as exc:  # never mistaken for the connection (OSError too)
+                raise LocalFailure(f"orchestrator.state_dir: cannot write {self.path}: {exc.strerror or exc}") from exc
             self.size += len(chunk)
             added += len(chunk)
             if len(chunk) < READ_LIMIT:
@@ -53,8 +60,8 @@ class EventMirror:
             self.last_growth = time.monotonic()
         return added
 
-    def scan(self) -> list[BadLine]:
-        """Look at the lines that became complete: note the `end` event; return the malformed lines."""
+    def scan(self) -> tuple[list[Event], list[BadLine]]:
+        """Parse the lines that became complete: note the `end` event; return them and the malformed ones."""
         with self.path.open("rb") as f:
             f.seek(self._scanned)
             chunk = f.read()
@@ -65,7 +72,7 @@ class EventMirror:
             if event.kind == "end" and self.end is None:
                 self.end = event
         self.bad.extend(bad)
-        return bad
+        return events, bad
 
     def events_after(self, offset: int) -> tuple[list[Event], int]:
         """Every complete event from byte `offset` on, and the offset just past the last complete line."""

@@ -7,6 +7,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from orchestrator.errors import LocalFailure
+
 
 @dataclass
 class StreamState:
@@ -27,11 +29,28 @@ class StateStore:
     def path(self, run_id: str) -> Path:
         return self.dir / f"{run_id}.json"
 
+    def mirror_path(self, run_id: str) -> Path:
+        """The local copy of the run's events.jsonl (see `mirror.py`)."""
+        return self.dir / f"{run_id}.events.jsonl"
+
+    def check_writable(self) -> None:
+        """Fail before anything is created if the state folder cannot hold a run's state."""
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            probe = self.dir / f".probe-{os.getpid()}"
+            probe.write_bytes(b"ok")
+            probe.unlink()
+        except OSError as exc:
+            raise LocalFailure(f"orchestrator.state_dir {self.dir.parent}: {exc.strerror or exc}") from exc
+
     def save(self, state: StreamState) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.path(state.run_id).with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(state), indent=1), encoding="utf-8")
-        os.replace(tmp, self.path(state.run_id))
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            tmp = self.path(state.run_id).with_suffix(".tmp")
+            tmp.write_text(json.dumps(asdict(state), indent=1), encoding="utf-8")
+            os.replace(tmp, self.path(state.run_id))
+        except OSError as exc:
+            raise LocalFailure(f"orchestrator.state_dir {self.dir.parent}: {exc.strerror or exc}") from exc
 
     def load(self, run_id: str) -> StreamState | None:
         path = self.path(run_id)

@@ -25,14 +25,16 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from orchestrator.redaction import redact_url
+from orchestrator import tags
+from orchestrator.redaction import overrides_tag
+from orchestrator.status import RunStatus
 from orchestrator.validation import ConfigError
 
 SWEEP_FILE = "sweep.json"
 CANCELLED_FILE = "cancelled"
 JOB_ERROR_FILE = "error.txt"  # in a job's output folder, <sweep dir>/<job number>/
-ROLE_TAG = "orchestrator.role"
-JOB_TAG = "sweep.job"
+ROLE_TAG = tags.ROLE
+JOB_TAG = tags.SWEEP_JOB
 
 # The exit code of the last multirun in this process, for `python -m orchestrator -m ...` to return.
 last_exit_code: int | None = None
@@ -124,22 +126,19 @@ class SweepCallback(Callback):
     Hydra instantiates callbacks for every run, so MLflow is imported only when a multirun uses it."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from orchestrator.tracking.runs import connect, ensure_experiment
+        from orchestrator.tracking.runs import ensure_experiment
 
-        tracking = OmegaConf.to_container(config.tracking, resolve=True)
-        assert isinstance(tracking, dict)
-        client = connect(tracking)
-        experiment_id = ensure_experiment(client, str(config.experiment.name), tracking.get("artifact_root"))
+        client = _client(config)
+        experiment_id = ensure_experiment(client, str(config.experiment.name), config.tracking.get("artifact_root"))
         hydra_cfg = config.hydra  # HydraConfig is not set yet when a multirun starts
-        overrides = " ".join(hydra_cfg.overrides.task)
         run = client.create_run(
             experiment_id,
             run_name=f"sweep-{time.strftime('%m%d-%H%M%S')}",
             tags={
-                ROLE_TAG: "sweep",
-                "hydra.overrides": redact_url(overrides) or "(none)",
-                "sweep.launcher": str(hydra_cfg.runtime.choices.get("hydra/launcher", "basic")),
-                "sweep.fail_fast": str(bool(config.sweep.fail_fast)).lower(),
+                tags.ROLE: "sweep",
+                tags.HYDRA_OVERRIDES: overrides_tag(hydra_cfg.overrides.task),
+                tags.SWEEP_LAUNCHER: str(hydra_cfg.runtime.choices.get("hydra/launcher", "basic")),
+                tags.SWEEP_FAIL_FAST: str(bool(config.sweep.fail_fast)).lower(),
             },
         )
         folder = Path(str(hydra_cfg.sweep.dir)).absolute()
@@ -163,23 +162,22 @@ class SweepCallback(Callback):
             Console().print("[yellow]already stopping the sweep's jobs; please wait[/yellow]")
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from orchestrator.redaction import redact_hydra_outputs
         from orchestrator.sweep_summary import summarize_sweep
-        from orchestrator.tracking.runs import EXIT_CODES, connect
 
         global last_exit_code
         signal.signal(signal.SIGINT, self._previous_handler)
-        tracking = OmegaConf.to_container(config.tracking, resolve=True)
-        assert isinstance(tracking, dict)
         folder = Path(str(config.hydra.sweep.dir)).absolute()
+        redact_hydra_outputs(folder)
         record = json.loads((folder / SWEEP_FILE).read_text(encoding="utf-8"))
         status = summarize_sweep(
-            connect(tracking),
+            _client(config),
             record["experiment_id"],
             record["parent_run_id"],
             Console(),
             _runless_jobs(folder, record["started"] - 1.0),  # 1 s for file systems with coarse times
         )
-        last_exit_code = EXIT_CODES[status]
+        last_exit_code = RunStatus(status).exit_code
 
 
 def _runless_jobs(folder: Path, started: float) -> dict[int, str]:
@@ -196,10 +194,19 @@ def _runless_jobs(folder: Path, started: float) -> dict[int, str]:
     return jobs
 
 
-def end_unstarted_job(client: Any, run_id: str, reason: str) -> None:
-    """A job the sweep cancelled before it began: its run says why and ends KILLED."""
-    from mlflow.entities import RunStatus
+def _client(config: DictConfig) -> Any:
+    """The sweep's tracking store, with the same request deadline as its jobs."""
+    from orchestrator.settings import TrackingConfig
+    from orchestrator.tracking.client import open_tracking
 
-    client.set_tag(run_id, "error", f"not started: {reason}")
-    client.set_tag(run_id, "failure_stage", "sweep")
-    client.set_terminated(run_id, RunStatus.to_string(RunStatus.KILLED))
+    tracking = OmegaConf.to_container(config.tracking, resolve=True)
+    assert isinstance(tracking, dict)
+    return open_tracking(
+        TrackingConfig(
+            kind=str(tracking["kind"]),
+            uri=str(tracking["uri"]),
+            artifact_root=tracking.get("artifact_root"),
+            timeout_s=float(tracking["timeout_s"]),
+            outage_wait_s=float(tracking["outage_wait_s"]),
+        )
+    )

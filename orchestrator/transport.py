@@ -68,6 +68,12 @@ class Transport(Protocol):
     def fetch(self, path: str, local_path: Path) -> bool:
         """Copy `path` to `local_path`; False when it does not exist."""
 
+    def prepare_code(self, workdir: str, method: str) -> tuple[str, bool]:
+        """Where the worker's code is on the host (its PYTHONPATH), and whether anything was copied there.
+
+        The hook each kind of host answers its own way: this machine runs the checkout itself, an SSH host
+        gets a content-addressed snapshot (`sync.py`)."""
+
     def close(self) -> None: ...
 
 
@@ -113,6 +119,11 @@ class LocalTransport:
             return False
         shutil.copyfile(path, local_path)
         return True
+
+    def prepare_code(self, workdir: str, method: str) -> tuple[str, bool]:
+        from orchestrator import PROJECT_ROOT
+
+        return str(PROJECT_ROOT), False
 
     def close(self) -> None:
         return None

@@ -1,29 +1,23 @@
-"""The job's MLflow run: created before anything starts on the host, finished with the job's status."""
+"""The job's MLflow run: created before anything starts on the host, ended by one function, `end_run`."""
 
 from __future__ import annotations
 
+import shlex
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import yaml
-from mlflow.entities import Param, RunStatus, RunTag
+from mlflow.entities import Param, RunTag
 from mlflow.tracking import MlflowClient
 from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH, MAX_PARAMS_TAGS_PER_BATCH
 
+from orchestrator import tags
 from orchestrator.gitinfo import GitInfo
-from orchestrator.redaction import redact, redact_url, to_params
-
-# Not an MLflow status: the host stayed out of reach, the run stays RUNNING and can be attached to later.
-DETACHED = "DETACHED"
-# The exit code of `python -m orchestrator` for each outcome.
-EXIT_CODES = {"FINISHED": 0, "FAILED": 1, "KILLED": 130, DETACHED: 75}
-
-
-def connect(tracking: dict[str, Any]) -> MlflowClient:
-    return MlflowClient(tracking_uri=tracking["uri"])
+from orchestrator.redaction import overrides_tag, redact, redact_url, to_params
+from orchestrator.settings import JobConfig
+from orchestrator.status import Outcome, RunStatus, Stage
 
 
 def ensure_experiment(client: MlflowClient, name: str, artifact_root: str | None) -> str:
@@ -34,13 +28,13 @@ def ensure_experiment(client: MlflowClient, name: str, artifact_root: str | None
     return client.create_experiment(name, artifact_location=location)
 
 
-def run_name(config: dict[str, Any]) -> str:
-    return f"{config['host']['name']}-{config['model']['name']}-{time.strftime('%m%d-%H%M%S')}"
+def run_name(config: JobConfig) -> str:
+    return f"{config.host.name}-{config.model_name}-{time.strftime('%m%d-%H%M%S')}"
 
 
 def create_job_run(
     client: MlflowClient,
-    config: dict[str, Any],
+    config: JobConfig,
     overrides: Sequence[str],
     git: GitInfo,
     extra_tags: Mapping[str, str] | None = None,
@@ -48,24 +42,24 @@ def create_job_run(
     """Create the job's run with its tags, params and config artifacts; return (experiment id, run id).
 
     `extra_tags` place a sweep's job under the sweep's parent run."""
-    experiment_id = ensure_experiment(client, config["experiment"]["name"], config["tracking"].get("artifact_root"))
-    tags = {
-        "host": config["host"]["name"],
-        "model": config["model"]["name"],
-        "git.commit": git.commit,
-        "git.dirty": str(git.dirty).lower(),
-        "mlflow.source.git.commit": git.commit,
-        "hydra.overrides": redact_url(" ".join(overrides)) or "(none)",
+    experiment_id = ensure_experiment(client, config.experiment_name, config.tracking.artifact_root)
+    run_tags = {
+        tags.HOST: config.host.name,
+        tags.MODEL: config.model_name,
+        tags.GIT_COMMIT: git.commit,
+        tags.GIT_DIRTY: str(git.dirty).lower(),
+        tags.SOURCE_GIT_COMMIT: git.commit,
+        tags.HYDRA_OVERRIDES: overrides_tag(overrides),
         **(extra_tags or {}),
     }
-    run = client.create_run(experiment_id, run_name=run_name(config), tags=tags)
+    run = client.create_run(experiment_id, run_name=run_name(config), tags=run_tags)
     run_id = run.info.run_id
-    params = [Param(k, v) for k, v in to_params(config, MAX_PARAM_VAL_LENGTH).items()]
+    params = [Param(k, v) for k, v in to_params(config.resolved, MAX_PARAM_VAL_LENGTH).items()]
     for start in range(0, len(params), MAX_PARAMS_TAGS_PER_BATCH):
         client.log_batch(run_id, params=params[start : start + MAX_PARAMS_TAGS_PER_BATCH])
     with tempfile.TemporaryDirectory() as tmp:
         config_file = Path(tmp) / "config.yaml"
-        config_file.write_text(yaml.safe_dump(redact(config), sort_keys=False), encoding="utf-8")
+        config_file.write_text(yaml.safe_dump(redact(config.resolved), sort_keys=False), encoding="utf-8")
         client.log_artifact(run_id, str(config_file))
         if git.diff:
             diff_file = Path(tmp) / "git.diff"
@@ -74,15 +68,45 @@ def create_job_run(
     return experiment_id, run_id
 
 
-def fail_before_start(client: MlflowClient, run_id: str, stage: str, error: str) -> None:
-    """Mark a run FAILED that never reached the worker (launch, preflight)."""
-    client.log_batch(run_id, tags=[RunTag("failure_stage", stage), RunTag("error", error)])
-    client.set_terminated(run_id, RunStatus.to_string(RunStatus.FAILED))
+def end_run(
+    client: MlflowClient, run_ids: Sequence[str], outcome: Outcome, *, error_already_tagged: bool = False
+) -> None:
+    """End the job's run (the last of `run_ids`) and its children with the outcome's status.
 
-
-def finish(client: MlflowClient, run_ids: Sequence[str], status: str) -> None:
+    A run that did not finish says why: its `error` line and the `failure_stage` it happened in (unless the
+    worker's own traceback event has set both already)."""
+    assert outcome.status.ends_the_run, outcome
+    job_run = run_ids[-1]
+    if outcome.error and not error_already_tagged:
+        stage = (outcome.stage or Stage.WORKER).value
+        client.log_batch(job_run, tags=[RunTag(tags.ERROR, outcome.error[:5000]), RunTag(tags.FAILURE_STAGE, stage)])
     for run_id in run_ids:
-        client.set_terminated(run_id, status)
+        client.set_terminated(run_id, outcome.status.value)
+
+
+def attach_command(config: JobConfig, run_id: str) -> str:
+    """The command that resumes following `run_id` (same host and tracking, from the state saved so far)."""
+    return shlex.join(
+        [
+            "python",
+            "-m",
+            "orchestrator",
+            f"attach={run_id}",
+            f"host={config.host.name}",
+            f"tracking={config.tracking.kind}",
+            f"tracking.uri={redact_url(config.tracking.uri)}",
+        ]
+    )
+
+
+def mark_detached(client: MlflowClient, run_id: str, command: str) -> None:
+    """Tag the run as followed by nobody, with the command that follows it again."""
+    client.log_batch(run_id, tags=[RunTag(tags.DETACHED, "true"), RunTag(tags.ATTACH_COMMAND, command)])
+
+
+def end_unstarted_job(client: MlflowClient, run_id: str, reason: str) -> None:
+    """A sweep's job cancelled before it began."""
+    end_run(client, [run_id], Outcome(RunStatus.KILLED, f"not started: {reason}", Stage.SWEEP))
 
 
 LOCAL_UI = "http://127.0.0.1:5000"  # where `make ui` serves a local store

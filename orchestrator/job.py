@@ -1,0 +1,377 @@
+"""One job's lifecycle as phases: open host → preflight → sync → launch → follow → collect → finish.
+
+Each phase is a short function that does one thing and turns the failures it expects into the error kinds
+of `errors.py`; `lifecycle` is the one place that decides what each kind means for the run (stop the
+worker or not, FAILED or KILLED or left for `attach`) and then always collects and finishes. The commands
+in `app.py` (run, detach, attach, cancel) are the same recipe with a different body.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import posixpath
+import shutil
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlflow.tracking import MlflowClient
+from rich.console import Console
+
+from orchestrator import tags
+from orchestrator.display import LiveProgress
+from orchestrator.errors import HostLost, Interrupted, LocalFailure, PhaseFailed
+from orchestrator.events import EVENTS_FILE
+from orchestrator.follow import Applier, Follower, FollowSettings
+from orchestrator.launch import STDERR_FILE, WorkerStatus, start_worker, stop_worker, worker_status, write_spec
+from orchestrator.mirror import EventMirror
+from orchestrator.plots import SUMMARY_FILE, plot_decode_summary
+from orchestrator.preflight import PreflightFailed, lease_candidates, run_preflight, workdir_problem
+from orchestrator.prompts import prompts_file_text
+from orchestrator.settings import JobConfig
+from orchestrator.ssh_transport import CONNECTION_ERRORS, ConnectFailed, HostKeyRefused
+from orchestrator.state import StateStore, StreamState
+from orchestrator.status import Outcome, RunStatus, Stage
+from orchestrator.sweep import Sweep, SweepCancelled
+from orchestrator.tracking.client import TrackingUnavailable, outages_named
+from orchestrator.tracking.runs import attach_command, end_run, mark_detached
+from orchestrator.tracking.sink import MlflowSink
+from orchestrator.transport import CommandFailed, Transport
+from remote_worker.prompt_set import RUN_PROMPTS_FILE
+
+STDERR_TAIL_LINES = 20
+
+
+@dataclass
+class Job:
+    """Everything one job holds open, filled in phase by phase."""
+
+    config: JobConfig
+    console: Console
+    live: LiveProgress
+    client: MlflowClient
+    store: StateStore
+    transport: Transport
+    experiment_id: str
+    state: StreamState
+    check_interrupt: Callable[[], None]
+    stopping: Callable[[], None] = lambda: None  # from now on Ctrl-C must not interrupt the clean-up
+    sweep: Sweep | None = None
+    started_s_ago: float = 0.0  # attach: how long ago the run began (for the start deadline)
+    launched: bool = False  # a worker may be running: every failure from here on stops it
+    tracking_down: bool = False  # the last call to MLflow found it unreachable
+    stderr_tail: list[str] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+    _mirror: EventMirror | None = None
+    _sink: MlflowSink | None = None
+    _applier: Applier | None = None
+
+    @property
+    def mirror(self) -> EventMirror:
+        if self._mirror is None:
+            self._mirror = EventMirror(self.store.mirror_path(self.state.run_id), self.state.run_dir)
+        return self._mirror
+
+    @property
+    def sink(self) -> MlflowSink:
+        if self._sink is None:
+            self._sink = MlflowSink(self.client, self.experiment_id, self.state, self.store, self.transport)
+        return self._sink
+
+    @property
+    def applier(self) -> Applier:
+        if self._applier is None:
+            self._applier = Applier(self.sink, self.mirror, self.live.note)
+        return self._applier
+
+    @property
+    def host_label(self) -> str:
+        return self.config.host.name
+
+
+# -- phases ---------------------------------------------------------------------------------------------
+
+
+def open_host(job: Job, *, leave_if_unreachable: bool = False) -> None:
+    """Connect. A run that never reached its host fails at `connect`; one already running there (attach,
+    cancel) is left as it is, since its worker may be fine."""
+    try:
+        job.transport.open()
+    except (ConnectFailed, HostKeyRefused, *CONNECTION_ERRORS) as exc:
+        message = f"{job.host_label}: {exc}"
+        if leave_if_unreachable:
+            raise HostLost(message) from exc
+        raise PhaseFailed(Stage.CONNECT, message) from exc
+
+
+def preflight(job: Job) -> dict[str, Any]:
+    host = job.config.host
+    try:
+        return run_preflight(job.transport, host.raw, job.config.worker_sections["model"], _python(job))
+    except PreflightFailed as exc:
+        raise PhaseFailed(Stage.PREFLIGHT, str(exc)) from exc
+    except CONNECTION_ERRORS as exc:
+        raise PhaseFailed(Stage.PREFLIGHT, f"{host.name}: connection lost during preflight: {exc}") from exc
+
+
+def sync(job: Job) -> str:
+    try:
+        code_dir, copied = job.transport.prepare_code(job.config.host.workdir, job.config.host.sync)
+    except (CommandFailed, RuntimeError, *CONNECTION_ERRORS) as exc:
+        raise PhaseFailed(Stage.SYNC, f"{job.host_label}: code sync failed: {exc}") from exc
+    if copied or job.config.host.is_ssh:
+        job.live.note(f"code snapshot {code_dir} ({'copied' if copied else 'already on the host'})")
+    return code_dir
+
+
+def launch(job: Job, report: dict[str, Any], code_dir: str) -> None:
+    """Write the spec, start the worker detached, and wait (with a deadline) until it has a pid."""
+    host, run_dir = job.config.host, job.state.run_dir
+    try:
+        prompts = prompts_file_text(job.config.worker_sections["experiment"].get("prompts"))
+        spec = worker_spec(job.config, job.state.run_id, run_dir, prompts_sent=prompts is not None)
+        write_spec(job.transport, run_dir, spec, prompts)
+        job.launched = True
+        start_worker(
+            job.transport,
+            run_dir,
+            _python(job),
+            code_dir,
+            host.env,
+            lease_candidates(host.raw, report),
+            host.gpu_lock_dir,
+        )
+    except (CommandFailed, *CONNECTION_ERRORS) as exc:
+        problem = _quietly(lambda: workdir_problem(job.transport, host.workdir))
+        raise PhaseFailed(Stage.LAUNCH, f"{host.name}: {problem or f'could not start the worker: {exc}'}") from exc
+    deadline = time.monotonic() + job.config.orchestrator.start_timeout_s
+    while (status := worker_status(job.transport, run_dir)).state == "starting":
+        job.check_interrupt()
+        if time.monotonic() > deadline:
+            stderr = _host_text(job, STDERR_FILE).strip().splitlines()
+            raise PhaseFailed(
+                Stage.LAUNCH,
+                f"{host.name}: the worker did not start within {job.config.orchestrator.start_timeout_s:g}s "
+                f"(orchestrator.start_timeout_s): {stderr[-1] if stderr else 'the start command printed nothing'}",
+            )
+        time.sleep(0.05)
+    job.live.note(f"worker started on {host.name}" + (f" (pid {status.pid})" if status.pid else ""))
+
+
+def follow(job: Job) -> WorkerStatus:
+    orch = job.config.orchestrator
+    settings = FollowSettings(
+        poll_interval_s=orch.poll_interval_s,
+        reconnect_budget_s=job.config.host.reconnect_budget_s,
+        start_timeout_s=max(0.0, orch.start_timeout_s - job.started_s_ago),
+        stall_warning_s=orch.stall_warning_s,
+        exit_grace_s=orch.kill_grace_s,
+    )
+    follower = Follower(
+        job.transport, job.state.run_dir, job.mirror, job.applier, job.live, settings, job.check_interrupt
+    )
+    return follower.run()
+
+
+def conclude(job: Job, status: WorkerStatus) -> Outcome:
+    """How the worker ended, from what it recorded: its `end` event first, its exit code otherwise."""
+    end = job.mirror.end
+    if end is not None:
+        data = end.data if isinstance(end.data, dict) else {}
+        job.summary = dict(data.get("summary") or {})
+        worker_status_ = RunStatus.from_worker(data.get("status"))
+        error = None if worker_status_ is RunStatus.FINISHED else str(data.get("error") or "the worker said so")
+        return Outcome(worker_status_, error, None if error is None else Stage.WORKER)
+    problem = _quietly(lambda: workdir_problem(job.transport, job.config.host.workdir))
+    cause = f"; {problem}" if problem else ""
+    return Outcome(RunStatus.FAILED, f"{status.describe()} before reporting an end event{cause}", Stage.WORKER)
+
+
+def stop(job: Job, reason: str) -> Outcome:
+    """Ctrl-C, cancel, a cancelled sweep: stop the worker and read what it wrote last.
+
+    A worker that had already recorded its end keeps its own status; otherwise the run ends KILLED."""
+    ended_before = job.launched and job.mirror.end is not None
+    if job.launched:
+        job.live.note(f"[yellow]{reason}: stopping the worker[/yellow]")
+        try:
+            stop_worker(job.transport, job.state.run_dir, job.config.orchestrator.kill_grace_s)
+            job.mirror.pull(job.transport)
+            job.mirror.scan()
+        except CONNECTION_ERRORS as exc:
+            raise HostLost(f"{job.host_label}: could not stop the worker: {exc}") from exc
+    if ended_before:
+        return conclude(job, WorkerStatus("exited"))
+    return Outcome(RunStatus.KILLED, reason, Stage.CANCEL)
+
+
+def collect(job: Job, outcome: Outcome) -> None:
+    """Apply every event still waiting (waiting for MLflow if it must), then log the run's files."""
+    if job.launched or job.mirror.size:
+        _apply_all(job)
+    if not job.launched:
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        events = Path(tmp) / EVENTS_FILE
+        shutil.copyfile(job.mirror.path, events)
+        with outages_named():
+            job.client.log_artifact(job.state.run_id, str(events))
+        for name in (STDERR_FILE, RUN_PROMPTS_FILE):
+            local = Path(tmp) / name
+            if _fetch(job, name, local):
+                with outages_named():
+                    job.client.log_artifact(job.state.run_id, str(local))
+                if name == STDERR_FILE:
+                    text = local.read_text(encoding="utf-8", errors="replace")
+                    job.stderr_tail = text.splitlines()[-STDERR_TAIL_LINES:]
+        summary = Path(tmp) / SUMMARY_FILE
+        if outcome.status is RunStatus.FINISHED and _fetch(job, SUMMARY_FILE, summary):
+            for figure in plot_decode_summary(summary, Path(tmp)):
+                with outages_named():
+                    job.client.log_artifact(job.state.run_id, str(figure), artifact_path="plots")
+
+
+def finish(job: Job, outcome: Outcome) -> None:
+    with outages_named():
+        if job.config.command.value == "attach":
+            job.client.set_tag(job.state.run_id, tags.DETACHED, "false")  # followed to its end after all
+        end_run(job.client, job.sink.run_ids(), outcome, error_already_tagged=job.sink.error is not None)
+
+
+def leave_for_attach(job: Job, reason: str) -> Outcome:
+    """The worker goes on (or has ended) but this process cannot finish the run: say how to pick it up."""
+    command = attach_command(job.config, job.state.run_id)
+    if not job.tracking_down:
+        with contextlib.suppress(TrackingUnavailable), outages_named():
+            mark_detached(job.client, job.state.run_id, command)
+    return Outcome(RunStatus.DETACHED, reason)
+
+
+# -- the one place failures are given their meaning --------------------------------------------------------
+
+
+def lifecycle(job: Job, body: Callable[[Job], Outcome]) -> Outcome:
+    """Run `body`, then collect and finish whatever happened; return how the job ended."""
+    try:
+        try:
+            outcome = body(job)
+        except PhaseFailed as exc:
+            _stop_quietly(job)
+            outcome = Outcome(RunStatus.FAILED, exc.message, exc.stage)
+        except (KeyboardInterrupt, Interrupted, SweepCancelled) as exc:
+            job.stopping()
+            reason = f"cancelled: {exc}" if isinstance(exc, SweepCancelled) else str(exc) or "interrupted (Ctrl-C)"
+            if isinstance(exc, KeyboardInterrupt):
+                reason = "interrupted by the user (Ctrl-C)"
+            outcome = stop(job, reason)
+        if outcome.status is RunStatus.DETACHED:
+            return leave_for_attach(job, outcome.error or "")
+        collect(job, outcome)
+        finish(job, outcome)
+        return outcome
+    except HostLost as exc:
+        return leave_for_attach(job, f"{exc}; the run stays RUNNING and its worker goes on if it can")
+    except TrackingUnavailable as exc:
+        job.tracking_down = True
+        what = "has ended" if job.mirror.end is not None or not job.launched else "goes on"
+        return leave_for_attach(
+            job, f"MLflow unreachable ({exc}); the worker {what}, and `attach` applies what is waiting, exactly once"
+        )
+    except (KeyboardInterrupt, Interrupted, SweepCancelled):
+        # A second Ctrl-C while collecting: the events are safe in the local state; attach finishes the run.
+        return leave_for_attach(job, "interrupted while finishing the run")
+    except Exception as exc:  # noqa: BLE001 - local by elimination: named, the worker stopped, the run ended
+        return _local_failure(job, exc)
+
+
+def _local_failure(job: Job, exc: Exception) -> Outcome:
+    if isinstance(exc, LocalFailure):
+        message = f"local: {exc}"
+    else:
+        crash = job.store.dir / f"{job.state.run_id}.crash.txt"
+        with contextlib.suppress(OSError):
+            crash.parent.mkdir(parents=True, exist_ok=True)
+            crash.write_text(traceback.format_exc(), encoding="utf-8")
+        message = f"local: orchestrator error {type(exc).__name__}: {exc} (traceback in {crash})"
+    _stop_quietly(job)
+    outcome = Outcome(RunStatus.FAILED, message, Stage.LOCAL)
+    with contextlib.suppress(Exception):
+        end_run(job.client, [*job.state.children.values(), job.state.run_id], outcome)
+    return outcome
+
+
+# -- helpers ----------------------------------------------------------------------------------------------
+
+
+def worker_spec(config: JobConfig, run_id: str, run_dir: str, prompts_sent: bool = False) -> dict[str, Any]:
+    """The spec file: only what the worker needs (never host, tracking or orchestrator settings).
+
+    prompts_sent: the run folder holds the prompt set the orchestrator chose (`experiment.prompts_file`)."""
+    sections = config.worker_sections
+    experiment = dict(sections["experiment"], **({"prompts_file": RUN_PROMPTS_FILE} if prompts_sent else {}))
+    return {
+        "run_id": run_id,
+        "run_dir": run_dir,
+        "seed": config.seed,
+        "experiment": experiment,
+        "model": sections["model"],
+        "decode": sections["decode"],
+        "probe": sections["probe"],
+    }
+
+
+def _python(job: Job) -> str:
+    import sys
+
+    return job.config.host.python or sys.executable
+
+
+def _apply_all(job: Job) -> None:
+    """Everything read must reach MLflow before the run ends; wait for it up to tracking.outage_wait_s."""
+    deadline = time.monotonic() + job.config.tracking.outage_wait_s
+    said = False
+    while not job.applier.apply(now=True):
+        if time.monotonic() >= deadline:
+            job.tracking_down = True
+            raise TrackingUnavailable(
+                f"still no answer after tracking.outage_wait_s={job.config.tracking.outage_wait_s:g}s"
+                f" with {job.applier.waiting} events waiting"
+            )
+        if not said:
+            job.live.note(
+                f"[yellow]the worker has ended; waiting up to {job.config.tracking.outage_wait_s:g}s for MLflow "
+                "(Ctrl-C leaves the run for attach)[/yellow]"
+            )
+            said = True
+        time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
+
+
+def _fetch(job: Job, name: str, local: Path) -> bool:
+    try:
+        return job.transport.fetch(posixpath.join(job.state.run_dir, name), local)
+    except CONNECTION_ERRORS as exc:
+        job.live.note(f"[yellow]could not fetch {name} from {job.host_label}: {exc}[/yellow]")
+        return False
+
+
+def _host_text(job: Job, name: str) -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        local = Path(tmp) / name
+        return local.read_text(encoding="utf-8", errors="replace") if _fetch(job, name, local) else ""
+
+
+def _stop_quietly(job: Job) -> None:
+    if job.launched:
+        with contextlib.suppress(Exception):
+            stop_worker(job.transport, job.state.run_dir, job.config.orchestrator.kill_grace_s)
+
+
+def _quietly(call: Callable[[], str | None]) -> str | None:
+    try:
+        return call()
+    except Exception:  # noqa: BLE001 - a diagnosis that fails adds nothing and must not hide the failure
+        return None
