@@ -41,6 +41,7 @@ from orchestrator.transport import LocalTransport, Transport
 from orchestrator.validation import ConfigError, validate
 
 CANNOT_BEGIN_EXIT = 1
+TransportFactory = Callable[[JobConfig], Transport]
 
 
 def make_transport(config: JobConfig) -> Transport:
@@ -61,9 +62,13 @@ def run_job(cfg: DictConfig) -> int:
         print(f"config error: {exc}", file=sys.stderr)
         record_job_error(f"config error: {exc}")
         return CONFIG_ERROR_EXIT
-    command = COMMANDS[config.command]
+    return run_config(config, console, make_transport)
+
+
+def run_config(config: JobConfig, console: Console, transport_for: TransportFactory) -> int:
+    """Run the command a checked config asks for; what stops it before a run exists is one line."""
     try:
-        return command(config, console, make_transport)
+        return COMMANDS[config.command](config, console, transport_for)
     except (TrackingUnavailable, LocalFailure) as exc:
         print(f"{'tracking' if isinstance(exc, TrackingUnavailable) else 'local'}: {exc}", file=sys.stderr)
         record_job_error(str(exc))
@@ -74,8 +79,6 @@ def run_job(cfg: DictConfig) -> int:
 
 
 # -- the commands -----------------------------------------------------------------------------------------
-
-TransportFactory = Callable[[JobConfig], Transport]
 
 
 def run_command(config: JobConfig, console: Console, transport_for: TransportFactory) -> int:
@@ -247,8 +250,12 @@ def _report(console: Console, job: Job, outcome: Outcome) -> int:
         console.print("The run stays RUNNING in MLflow. Finish following it with:")
         console.print(f"  {command}", soft_wrap=True, markup=False, highlight=False)
         return outcome.status.exit_code
-    if config.command is Command.CANCEL:
-        console.print(f"cancelled {run_id}: the run ends {outcome.status.value}")
+    if config.command is Command.CANCEL:  # done as asked: the run has ended, whatever its status
+        console.print(
+            f"cancelled {run_id}: the run ends {outcome.status.value}"
+            + (f" ({outcome.error})" * bool(outcome.status is not RunStatus.KILLED and outcome.error))
+        )
+        return 0
     if outcome.status is RunStatus.FAILED and outcome.stage is Stage.WORKER and job.stderr_tail:
         console.print("[red]last lines of the worker's stderr:[/red]")
         for line in job.stderr_tail:

@@ -194,8 +194,8 @@ def conclude(job: Job, status: WorkerStatus) -> Outcome:
 def stop(job: Job, reason: str) -> Outcome:
     """Ctrl-C, cancel, a cancelled sweep: stop the worker and read what it wrote last.
 
-    A worker that had already recorded its end keeps its own status; otherwise the run ends KILLED."""
-    ended_before = job.launched and job.mirror.end is not None
+    The end is what the worker recorded: one that had ended on its own (FINISHED or FAILED in its `end`
+    event, read now or before) keeps its status; one our SIGTERM stopped ends KILLED with our reason."""
     if job.launched:
         job.live.note(f"[yellow]{reason}: stopping the worker[/yellow]")
         try:
@@ -204,8 +204,10 @@ def stop(job: Job, reason: str) -> Outcome:
             job.mirror.scan()
         except CONNECTION_ERRORS as exc:
             raise HostLost(f"{job.host_label}: could not stop the worker: {exc}") from exc
-    if ended_before:
-        return conclude(job, WorkerStatus("exited"))
+        if job.mirror.end is not None:
+            recorded = conclude(job, WorkerStatus("exited"))
+            if recorded.status is not RunStatus.KILLED:
+                return recorded
     return Outcome(RunStatus.KILLED, reason, Stage.CANCEL)
 
 

@@ -103,6 +103,8 @@ def assign_host(cfg: DictConfig) -> DictConfig:
 
 def record_job_error(error: str) -> None:
     """A job of a multirun that fails before it has an MLflow run leaves its error where the summary finds it."""
+    if not HydraConfig.initialized():
+        return
     hydra_cfg = HydraConfig.get()
     if hydra_cfg.mode == RunMode.MULTIRUN:
         folder = Path(str(hydra_cfg.runtime.output_dir))

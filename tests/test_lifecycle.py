@@ -1,0 +1,329 @@
+"""The job's lifecycle in-process, over a fake host and a fake tracking store: each fault in milliseconds.
+
+Every test checks what a user would: the exit code, the run's status and error line, that MLflow holds
+exactly the metrics the worker wrote (0 lost, 0 duplicated), whether the worker was stopped, and the line
+the terminal printed.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from rich.console import Console
+
+from orchestrator import CONF_DIR, app, tags
+from orchestrator.errors import LocalFailure
+from orchestrator.gitinfo import GitInfo
+from orchestrator.settings import JobConfig
+from orchestrator.state import StateStore
+from orchestrator.tracking.client import TrackingUnavailable, open_tracking
+from orchestrator.tracking.sink import MlflowSink
+from orchestrator.validation import validate
+from tests.conftest import free_port
+from tests.fakes import FakeHost, FakeTracking, FakeWorker, decode_log, event_line, worker_histories
+
+
+def job_config(tmp_path: Path, *overrides: str) -> JobConfig:
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(
+            config_name="config",
+            overrides=[
+                "tracking=server",
+                "tracking.uri=http://fake-mlflow:5000",
+                "tracking.outage_wait_s=0.2",
+                f"orchestrator.state_dir={tmp_path / 'state'}",
+                "orchestrator.poll_interval_s=0.001",
+                "orchestrator.kill_grace_s=0.2",
+                "host.workdir=/host/work",
+                "host.gpus=none",
+                *overrides,
+            ],
+        )
+        return validate(cfg)
+
+
+@pytest.fixture
+def tracking(monkeypatch: pytest.MonkeyPatch) -> FakeTracking:
+    fake = FakeTracking()
+    monkeypatch.setattr(app, "open_tracking", lambda _config: fake)
+    monkeypatch.setattr(app, "current_sweep", lambda _fail_fast: None)
+    monkeypatch.setattr(app, "_task_overrides", lambda: ["+host.env.HF_TOKEN=hf_secret", "seed=0"])
+    monkeypatch.setattr(app, "git_info", lambda: GitInfo("abc", False, ""))
+    return fake
+
+
+class Terminal:
+    def __init__(self) -> None:
+        self.buffer = io.StringIO()
+        self.console = Console(file=self.buffer, width=200, force_terminal=False)
+
+    @property
+    def text(self) -> str:
+        return self.buffer.getvalue()
+
+
+def run(config: JobConfig, host: FakeHost, terminal: Terminal | None = None) -> tuple[int, str]:
+    terminal = terminal or Terminal()
+    code = app.run_config(config, terminal.console, lambda _config: host)
+    return code, terminal.text
+
+
+def the_run(tracking: FakeTracking):
+    jobs = [run for run in tracking.runs.values() if tags.PARENT_RUN_ID not in run.tags]
+    assert len(jobs) == 1, jobs
+    return jobs[0]
+
+
+def child(tracking: FakeTracking, scope: str):
+    return next(run for run in tracking.runs.values() if run.tags.get(tags.SCOPE) == scope)
+
+
+def assert_exact(tracking: FakeTracking, host: FakeHost) -> None:
+    """MLflow holds exactly what the worker wrote, scope by scope: nothing lost, nothing twice."""
+    log = host.events_written()
+    assert the_run(tracking).history() == worker_histories(log, None)
+    scopes = {run.tags[tags.SCOPE] for run in tracking.runs.values() if tags.SCOPE in run.tags}
+    assert scopes == {scope for scope in ("ar", "ddtree_tb8") if f'"scope": "{scope}"'.encode() in log}
+    for scope in scopes:
+        assert child(tracking, scope).history() == worker_histories(log, scope)
+
+
+def test_a_run_lands_whole(tmp_path: Path, tracking: FakeTracking) -> None:
+    host = FakeHost(FakeWorker(decode_log(), lines_per_look=3))
+    code, out = run(job_config(tmp_path), host)
+    assert code == 0, out
+    job = the_run(tracking)
+    assert job.status == "FINISHED" and child(tracking, "ar").status == "FINISHED"
+    assert_exact(tracking, host)
+    assert job.artifacts["events.jsonl"] == host.events_written()
+    assert "hf_secret" not in job.tags[tags.HYDRA_OVERRIDES]
+    assert host.signals_sent() == []
+
+
+def test_mlflow_down_mid_run_loses_nothing_and_says_so_once(tmp_path: Path, tracking: FakeTracking) -> None:
+    host = FakeHost(FakeWorker(decode_log(rounds=40), lines_per_look=1))
+
+    def outage(host: FakeHost) -> None:  # the store goes away for most of the run, then comes back
+        tracking.down = 10 <= host.looks < 60
+
+    host.on_look = outage
+    code, out = run(job_config(tmp_path), host)
+    assert code == 0, out
+    assert tracking.refused > 0
+    assert out.count("MLflow unreachable since") == 1 and "events waiting" in out
+    assert "MLflow answers again" in out
+    assert host.signals_sent() == []  # the worker was never stopped for it
+    assert_exact(tracking, host)
+    assert the_run(tracking).status == "FINISHED"
+
+
+def test_mlflow_still_down_after_the_end_leaves_the_run_for_attach_which_completes_it(
+    tmp_path: Path, tracking: FakeTracking
+) -> None:
+    host = FakeHost(FakeWorker(decode_log(), lines_per_look=2))
+    host.on_look = lambda host: setattr(tracking, "down", host.looks >= 5)
+    code, out = run(job_config(tmp_path), host)
+    assert code == 75, out
+    job = the_run(tracking)
+    assert job.status == "RUNNING"
+    assert "attach=" in out and "exactly once" in out
+    attach_line = next(line for line in out.splitlines() if "attach=" in line)
+    assert attach_line.strip().startswith("python -m orchestrator attach=")  # whole, on its own line
+
+    tracking.down = False
+    host.on_look = lambda host: None
+    code, out = run(job_config(tmp_path, f"attach={job.run_id}"), host)
+    assert code == 0, out
+    assert job.status == "FINISHED" and job.tags[tags.DETACHED] == "false"
+    assert_exact(tracking, host)
+
+
+def test_a_worker_that_never_starts_fails_at_launch_with_the_start_commands_stderr(
+    tmp_path: Path, tracking: FakeTracking
+) -> None:
+    worker = FakeWorker(decode_log(), starts=False, start_stderr="sh: 1: setsid: not found\n")
+    code, out = run(job_config(tmp_path, "orchestrator.start_timeout_s=0.05"), FakeHost(worker))
+    assert code == 1, out
+    job = the_run(tracking)
+    assert job.status == "FAILED" and job.tags[tags.FAILURE_STAGE] == "launch"
+    assert "setsid: not found" in job.tags[tags.ERROR] and "orchestrator.start_timeout_s" in job.tags[tags.ERROR]
+
+
+def test_attach_to_a_run_whose_worker_never_started_says_so(tmp_path: Path, tracking: FakeTracking) -> None:
+    worker = FakeWorker(decode_log(), starts=False)
+    config = job_config(tmp_path, "orchestrator.start_timeout_s=0.05")
+    run(config, FakeHost(worker))
+    job = the_run(tracking)
+    job.status = "RUNNING"  # as if the first orchestrator had died before it could end the run
+    code, out = run(job_config(tmp_path, f"attach={job.run_id}", "orchestrator.start_timeout_s=0.05"), FakeHost(worker))
+    assert code == 1, out
+    assert job.status == "FAILED" and "the worker never started" in job.tags[tags.ERROR]
+
+
+def test_a_silent_worker_gets_one_line(tmp_path: Path, tracking: FakeTracking) -> None:
+    host = FakeHost(FakeWorker(decode_log(rounds=2), silent_looks=400))
+    code, out = run(job_config(tmp_path, "orchestrator.stall_warning_s=0.05"), host)
+    assert code == 0, out
+    assert out.count("no event from the worker for") == 1 and "it is alive (pid 4242)" in out
+
+
+def test_the_end_the_worker_recorded_decides_even_when_its_applier_died(tmp_path: Path, tracking: FakeTracking) -> None:
+    # An orchestrator applied every event (the end included) and died before ending the run.
+    host = FakeHost(FakeWorker(decode_log(), lines_per_look=100))
+    config = job_config(tmp_path)
+    experiment_id = tracking.create_experiment("ddtree_gdn")
+    run_id = tracking.create_run(experiment_id, tags={tags.HOST: config.host.name}).info.run_id
+    host.run_dir = f"/host/work/runs/{run_id}"
+    host.worker.state = "running"
+    host.files[f"{host.run_dir}/pid"] = b"4242\n"
+    while host.worker.state == "running":
+        host._look()
+    store = StateStore(tmp_path / "state")
+    from orchestrator.events import split_events
+    from orchestrator.state import StreamState
+
+    sink = MlflowSink(tracking, experiment_id, StreamState(run_id, config.host.name, host.run_dir), store, host)
+    sink.apply(*split_events(host.events_written()))
+    code, out = run(job_config(tmp_path, f"attach={run_id}"), host)
+    assert code == 0, out
+    assert tracking.runs[run_id].status == "FINISHED"
+    assert_exact(tracking, host)
+
+
+def test_ctrl_c_after_the_end_event_keeps_the_workers_status(tmp_path: Path, tracking: FakeTracking) -> None:
+    host = FakeHost(FakeWorker(decode_log(), lines_per_look=100, handles_sigterm=True))
+    fired = []
+
+    def ctrl_c_after_end(host: FakeHost) -> None:
+        if b'"end"' in host.events_written() and not fired:
+            fired.append(1)
+            host.worker.state = "running"  # still closing its files
+            raise KeyboardInterrupt
+
+    host.on_look = ctrl_c_after_end
+    code, out = run(job_config(tmp_path), host)
+    assert fired and code == 0, out
+    assert the_run(tracking).status == "FINISHED"
+
+
+def test_ctrl_c_mid_run_stops_the_worker_and_ends_killed(tmp_path: Path, tracking: FakeTracking) -> None:
+    host = FakeHost(FakeWorker(decode_log(rounds=40)))
+    host.on_look = lambda host: (_ for _ in ()).throw(KeyboardInterrupt) if host.looks == 15 else None
+    code, out = run(job_config(tmp_path), host)
+    assert code == 130, out
+    job = the_run(tracking)
+    assert job.status == "KILLED" and "Ctrl-C" in job.tags[tags.ERROR]
+    assert host.signals_sent() == ["-TERM"]
+    assert_exact(tracking, host)  # the events the worker wrote while stopping landed too
+
+
+def test_an_unwritable_state_folder_is_one_local_line_and_creates_nothing(
+    tmp_path: Path, tracking: FakeTracking, capsys: pytest.CaptureFixture
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    config = job_config(tmp_path, f"orchestrator.state_dir={blocker / 'state'}")
+    code = app.run_config(config, Console(), lambda _config: FakeHost(FakeWorker([])))
+    assert code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("local: orchestrator.state_dir") and "unreachable" not in err[0]
+    assert tracking.runs == {}
+
+
+def test_a_full_local_disk_mid_run_is_local_and_stops_the_worker(
+    tmp_path: Path, tracking: FakeTracking, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    saves = {"n": 0}
+    real_save = StateStore.save
+
+    def save(self, state):
+        saves["n"] += 1
+        if saves["n"] > 3:
+            raise LocalFailure(f"orchestrator.state_dir {tmp_path}: No space left on device")
+        return real_save(self, state)
+
+    monkeypatch.setattr(StateStore, "save", save)
+    host = FakeHost(FakeWorker(decode_log(rounds=40)))
+    code, out = run(job_config(tmp_path), host)
+    assert code == 1, out
+    job = the_run(tracking)
+    assert job.status == "FAILED" and job.tags[tags.FAILURE_STAGE] == "local"
+    assert "No space left on device" in job.tags[tags.ERROR] and "unreachable" not in job.tags[tags.ERROR]
+    assert host.signals_sent() == ["-TERM"]
+
+
+def test_a_bug_in_the_sink_is_named_and_stops_the_worker(
+    tmp_path: Path, tracking: FakeTracking, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(self, event):
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr(MlflowSink, "_apply_one", broken)
+    host = FakeHost(FakeWorker(decode_log(rounds=40)))
+    code, out = run(job_config(tmp_path), host)
+    assert code == 1, out
+    job = the_run(tracking)
+    assert job.tags[tags.FAILURE_STAGE] == "local" and "ZeroDivisionError" in job.tags[tags.ERROR]
+    assert host.signals_sent() == ["-TERM"]
+
+
+def test_bad_bytes_in_the_log_are_skipped_with_a_warning(tmp_path: Path, tracking: FakeTracking) -> None:
+    lines = decode_log()
+    lines.insert(5, b'{"seq": 5, "kind": "metr\xff\n')
+    lines = [*lines[:6], *(line for line in lines[6:])]
+    host = FakeHost(FakeWorker(lines))
+    code, out = run(job_config(tmp_path), host)
+    assert code == 0, out
+    offset = sum(len(line) for line in lines[:5])
+    assert f"malformed line at byte {offset} skipped" in out
+    job = the_run(tracking)
+    assert f"at byte {offset}" in job.tags[tags.EVENT_LOG_WARNINGS] and job.status == "FINISHED"
+
+
+def test_a_host_lost_past_its_budget_leaves_the_worker_running_for_attach(
+    tmp_path: Path, tracking: FakeTracking
+) -> None:
+    host = FakeHost(FakeWorker(decode_log(rounds=40)))
+
+    def cut(host: FakeHost) -> None:
+        if host.looks == 10:
+            host.down = host.stay_down = True
+
+    host.on_look = cut
+    code, out = run(job_config(tmp_path, "+host.reconnect_budget_s=0.3"), host)
+    assert code == 75, out
+    job = the_run(tracking)
+    assert job.status == "RUNNING" and job.tags[tags.DETACHED] == "true" and "attach=" in job.tags[tags.ATTACH_COMMAND]
+    assert host.signals_sent() == []
+
+    host.down = host.stay_down = False
+    host.on_look = lambda host: None
+    code, out = run(job_config(tmp_path, f"attach={job.run_id}"), host)
+    assert code == 0, out
+    assert_exact(tracking, host)
+
+
+def test_cancel_stops_the_worker_and_ends_killed(tmp_path: Path, tracking: FakeTracking) -> None:
+    host = FakeHost(FakeWorker(decode_log(rounds=40)))
+    code, _ = run(job_config(tmp_path, "detach=true"), host)
+    assert code == 0
+    job = the_run(tracking)
+    code, out = run(job_config(tmp_path, f"cancel={job.run_id}"), host)
+    assert code == 0, out
+    assert job.status == "KILLED" and job.tags[tags.ERROR] == "cancelled by the user"
+    assert f"cancelled {job.run_id}" in out
+    assert_exact(tracking, host)
+
+
+def test_a_tracking_uri_that_does_not_answer_is_one_line_within_the_timeout(tmp_path: Path) -> None:
+    config = job_config(tmp_path, f"tracking.uri=http://127.0.0.1:{free_port()}", "tracking.timeout_s=2")
+    with pytest.raises(TrackingUnavailable, match=r"does not answer within 2s") as caught:
+        open_tracking(config.tracking)
+    assert "\n" not in str(caught.value) and len(str(caught.value)) < 300
+
+
+def test_event_line_helper_round_trips() -> None:
+    assert event_line(3, "log", {"message": "x"}).endswith(b"\n")
