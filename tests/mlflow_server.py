@@ -28,10 +28,11 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_mlflow_server(root: Path, timeout_s: float = 120) -> MlflowServer:
-    port = _free_port()
+def start_mlflow_server(root: Path, timeout_s: float = 120, port: int | None = None) -> MlflowServer:
+    """`port`: a given port (to restart a stopped server where its clients expect it), else a free one."""
+    port = port or _free_port()
     log_path = root / "server.log"
-    with log_path.open("wb") as log:
+    with log_path.open("ab") as log:
         process = subprocess.Popen(
             [
                 str(VENV_BIN / "mlflow"),
