@@ -3,9 +3,9 @@
 1. Sync: a full copy of the worker's code (rsync and tar), an unchanged tree, and a one-file change
    (rsync hard-links the rest from the previous snapshot; tar sends everything again); the same with 10 MiB
    of incompressible files added, the size of the model fixtures a tree may carry.
-2. Event-to-MLflow latency: a writer appends metric events at a steady rate; `follow` (the orchestrator's
-   own loop, reading over SFTP) applies them; each event's latency is from the worker's timestamp to the
-   moment its `log_batch` returned.
+2. Event-to-MLflow latency: a writer appends metric events at a steady rate; the orchestrator's own follow
+   loop (`Follower`, reading over SFTP into its mirror) applies them; each event's latency is from the
+   worker's timestamp to the moment its `log_batch` returned.
 3. Sink throughput: the same metric events applied by the sink (packed `log_batch` calls) against one
    `log_metric` call per metric, timed alternately on one server.
 """
@@ -19,15 +19,17 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from mlflow.tracking import MlflowClient
 
 from orchestrator import PROJECT_ROOT
-from orchestrator.events import Event
+from orchestrator.events import Event, split_events
+from orchestrator.follow import Applier, Follower, FollowSettings
+from orchestrator.mirror import EventMirror
 from orchestrator.ssh_transport import SSHTransport
 from orchestrator.state import StateStore, StreamState
-from orchestrator.stream import drain, follow
 from orchestrator.sync import sync_code
 from orchestrator.tracking.sink import MlflowSink
 from orchestrator.transport import LocalTransport
@@ -106,15 +108,22 @@ def event_latency(server: SSHServer, client: MlflowClient, experiment_id: str, r
         log.close()
 
     latencies: list[float] = []
+    apply = sink.apply
 
-    def seen(event: Event) -> None:
-        if event.kind == "metrics":
-            latencies.append(time.time() - event.t)
+    def timed_apply(events: list[Event], end_offset: int) -> list[Event]:
+        fresh = apply(events, end_offset)  # returns once MLflow has taken the batch
+        latencies.extend(time.time() - event.t for event in fresh if event.kind == "metrics")
+        return fresh
 
+    sink.apply = timed_apply  # type: ignore[method-assign]
+    mirror = EventMirror(root / "latency-mirror.jsonl", str(run_dir))
+    terminal = SimpleNamespace(show=lambda event: None, note=print)
+    settings = FollowSettings(POLL_INTERVAL_S, 60.0, 60.0, float("inf"), exit_grace_s=0.1)
+    follower = Follower(transport, str(run_dir), mirror, Applier(sink, mirror, print), terminal, settings, lambda: None)
     writer = threading.Thread(target=write)
     writer.start()
     try:
-        follow(transport, sink, seen, POLL_INTERVAL_S, lambda: None)
+        follower.run()
     finally:
         writer.join()
         transport.close()
@@ -140,7 +149,7 @@ def sink_throughput(client: MlflowClient, experiment_id: str, root: Path, metric
         log.close()
         sink = _sink(client, experiment_id, run_dir, root / f"throughput-state-{i}", LocalTransport())
         start = time.perf_counter()
-        drain(LocalTransport(), sink, lambda event: None)
+        sink.apply(*split_events((run_dir / "events.jsonl").read_bytes()))
         sink_rates.append(metrics / (time.perf_counter() - start))
         run_id = client.create_run(experiment_id).info.run_id
         start = time.perf_counter()
