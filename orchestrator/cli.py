@@ -30,7 +30,7 @@ def main() -> None:
         print(f"config error: {exc}", file=sys.stderr)
         sys.exit(2)
     hydra_main()
-    from orchestrator import sweep  # a multirun's status, set by its callback once every job has returned
+    from orchestrator.sweep import callback  # a multirun's status, set once every job has returned
 
-    if sweep.last_exit_code is not None:
-        sys.exit(sweep.last_exit_code)
+    if callback.last_exit_code is not None:
+        sys.exit(callback.last_exit_code)

@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 if TYPE_CHECKING:
-    from orchestrator.sweep_summary import Row
+    from orchestrator.sweep.summary import Row
 
 SUMMARY_FILE = "decode_summary.json"  # written by remote_worker.experiments.ddtree_gdn
 

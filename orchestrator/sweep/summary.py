@@ -16,6 +16,7 @@ from mlflow.tracking import MlflowClient
 from rich.console import Console
 from rich.table import Table
 
+from orchestrator import tags as mlflow_tags
 from orchestrator.display import STATUS_STYLE
 from orchestrator.plots import plot_sweep
 
@@ -46,19 +47,21 @@ def _children(client: MlflowClient, experiment_ids: list[str], parent: str) -> l
 def sweep_rows(client: MlflowClient, parent_run_id: str) -> list[Row]:
     """One row per (job, method); a job without method runs (a probe, a failure) is one row."""
     experiment_ids = [e.experiment_id for e in client.search_experiments()]
-    jobs = sorted(_children(client, experiment_ids, parent_run_id), key=lambda r: int(r.data.tags.get("sweep.job", -1)))
-    overrides = {job.info.run_id: job.data.tags.get("hydra.overrides", "").split() for job in jobs}
+    jobs = sorted(
+        _children(client, experiment_ids, parent_run_id), key=lambda r: int(r.data.tags.get(mlflow_tags.SWEEP_JOB, -1))
+    )
+    overrides = {job.info.run_id: job.data.tags.get(mlflow_tags.HYDRA_OVERRIDES, "").split() for job in jobs}
     common = set.intersection(*(set(o) for o in overrides.values())) if len(jobs) > 1 else set()
     rows = []
     for job in jobs:
         tags = job.data.tags
         base = {
-            "job": int(tags.get("sweep.job", -1)),
+            "job": int(tags.get(mlflow_tags.SWEEP_JOB, -1)),
             "status": job.info.status,
-            "model": tags.get("model", ""),
+            "model": tags.get(mlflow_tags.MODEL, ""),
             "overrides": " ".join(overrides[job.info.run_id]),
             "varies": " ".join(o for o in overrides[job.info.run_id] if o not in common),
-            "error": tags.get("error", "").splitlines()[0] if tags.get("error") else "",
+            "error": tags.get(mlflow_tags.ERROR, "").splitlines()[0] if tags.get(mlflow_tags.ERROR) else "",
         }
         methods = _children(client, experiment_ids, job.info.run_id)
         if not methods:
@@ -69,7 +72,7 @@ def sweep_rows(client: MlflowClient, parent_run_id: str) -> list[Row]:
             rows.append(
                 Row(
                     **base,
-                    method=method.data.tags.get("orchestrator.scope", method.info.run_name or ""),
+                    method=method.data.tags.get(mlflow_tags.SCOPE, method.info.run_name or ""),
                     tree_budget=int(budget) if budget not in (None, "None", "") else None,
                     **values,
                 )
@@ -143,8 +146,8 @@ def summarize_sweep(
             client.log_artifact(parent_run_id, str(figure), artifact_path="plots")
     jobs = {row.job: row for row in rows}
     failed = [row for row in jobs.values() if row.status != "FINISHED"]
-    client.set_tag(parent_run_id, "sweep.jobs", str(len(jobs)))
-    client.set_tag(parent_run_id, "sweep.not_finished", str(len(failed)))
+    client.set_tag(parent_run_id, mlflow_tags.SWEEP_JOBS, str(len(jobs)))
+    client.set_tag(parent_run_id, mlflow_tags.SWEEP_NOT_FINISHED, str(len(failed)))
     client.set_terminated(parent_run_id, status)
     console.print(_table(rows, status))
     for row in failed:

@@ -1,0 +1,104 @@
+"""The Hydra callback of a multirun: the parent run before the jobs, Ctrl-C for all of them, the summary after.
+
+Hydra instantiates callbacks for every run, so MLflow is imported only when a multirun uses it.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+
+from orchestrator import tags
+from orchestrator.redaction import overrides_tag
+from orchestrator.status import RunStatus
+from orchestrator.sweep.job_errors import runless_jobs
+from orchestrator.sweep.membership import CANCELLED_FILE, SWEEP_FILE, Sweep
+
+# The exit code of the last multirun in this process, for `python -m orchestrator -m ...` to return.
+last_exit_code: int | None = None
+
+
+class SweepCallback(Callback):
+    """Creates the parent run before the jobs and writes the summary into it after them.
+
+    Hydra instantiates callbacks for every run, so MLflow is imported only when a multirun uses it."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from orchestrator.tracking.runs import ensure_experiment
+
+        client = _client(config)
+        experiment_id = ensure_experiment(client, str(config.experiment.name), config.tracking.get("artifact_root"))
+        hydra_cfg = config.hydra  # HydraConfig is not set yet when a multirun starts
+        run = client.create_run(
+            experiment_id,
+            run_name=f"sweep-{time.strftime('%m%d-%H%M%S')}",
+            tags={
+                tags.ROLE: "sweep",
+                tags.HYDRA_OVERRIDES: overrides_tag(hydra_cfg.overrides.task),
+                tags.SWEEP_LAUNCHER: str(hydra_cfg.runtime.choices.get("hydra/launcher", "basic")),
+                tags.SWEEP_FAIL_FAST: str(bool(config.sweep.fail_fast)).lower(),
+            },
+        )
+        folder = Path(str(hydra_cfg.sweep.dir)).absolute()
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / CANCELLED_FILE).unlink(missing_ok=True)  # a sweep folder given again: forget the last sweep
+        record = {"parent_run_id": run.info.run_id, "experiment_id": experiment_id, "started": time.time()}
+        (folder / SWEEP_FILE).write_text(json.dumps(record) + "\n", encoding="utf-8")
+        Console().print(f"[bold]sweep[/bold] {run.info.run_id} · jobs are its child runs · {folder}")
+        self._sweep = Sweep(folder, run.info.run_id, -1, bool(config.sweep.fail_fast))
+        self._previous_handler = signal.signal(signal.SIGINT, self._interrupted)
+
+    def _interrupted(self, _signum: int, _frame: FrameType | None) -> None:
+        """Ctrl-C in the launching process cancels the sweep instead of abandoning its jobs.
+
+        Running jobs (here, in joblib workers, in submitit processes) then stop their workers and end
+        KILLED, jobs not started yet end KILLED at once, and the multirun returns to write the summary."""
+        if self._sweep.cancelled() is None:
+            self._sweep.cancel("the sweep was interrupted (Ctrl-C)")
+            Console().print("[yellow]interrupted: stopping every job of the sweep[/yellow]")
+        else:
+            Console().print("[yellow]already stopping the sweep's jobs; please wait[/yellow]")
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from orchestrator.redaction import redact_hydra_outputs
+        from orchestrator.sweep.summary import summarize_sweep
+
+        global last_exit_code
+        signal.signal(signal.SIGINT, self._previous_handler)
+        folder = Path(str(config.hydra.sweep.dir)).absolute()
+        redact_hydra_outputs(folder)
+        record = json.loads((folder / SWEEP_FILE).read_text(encoding="utf-8"))
+        status = summarize_sweep(
+            _client(config),
+            record["experiment_id"],
+            record["parent_run_id"],
+            Console(),
+            runless_jobs(folder, record["started"] - 1.0),  # 1 s for file systems with coarse times
+        )
+        last_exit_code = RunStatus(status).exit_code
+
+
+def _client(config: DictConfig) -> Any:
+    """The sweep's tracking store, with the same request deadline as its jobs."""
+    from orchestrator.settings import TrackingConfig
+    from orchestrator.tracking.client import open_tracking
+
+    tracking = OmegaConf.to_container(config.tracking, resolve=True)
+    assert isinstance(tracking, dict)
+    return open_tracking(
+        TrackingConfig(
+            kind=str(tracking["kind"]),
+            uri=str(tracking["uri"]),
+            artifact_root=tracking.get("artifact_root"),
+            timeout_s=float(tracking["timeout_s"]),
+            outage_wait_s=float(tracking["outage_wait_s"]),
+        )
+    )

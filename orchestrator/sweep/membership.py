@@ -1,0 +1,69 @@
+"""A job's place in its multirun: the sweep folder every job shares, and the cancellation it may carry.
+
+The parent run's id is in `<sweep dir>/sweep.json`, written by the callback before any job starts, so every
+job finds it wherever the launcher runs it (this process, a joblib worker, a submitit process, a Slurm node
+sharing the folder). A job that ends the sweep early writes `<sweep dir>/cancelled` with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+
+SWEEP_FILE = "sweep.json"
+CANCELLED_FILE = "cancelled"
+
+
+class SweepCancelled(Exception):
+    """Another job of the sweep failed under fail_fast, or the sweep was interrupted."""
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """The multirun a job belongs to, as the job sees it."""
+
+    dir: Path
+    parent_run_id: str
+    job_num: int
+    fail_fast: bool
+
+    def cancelled(self) -> str | None:
+        """Why the sweep was cancelled, or None."""
+        path = self.dir / CANCELLED_FILE
+        return path.read_text(encoding="utf-8").strip() if path.exists() else None
+
+    def cancel(self, reason: str) -> None:
+        """Stop the rest of the sweep; the first reason given is kept."""
+        try:
+            fd = os.open(self.dir / CANCELLED_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(reason + "\n")
+
+    def check(self) -> None:
+        """Raise SweepCancelled when the sweep was cancelled (called between polls of a running job)."""
+        reason = self.cancelled()
+        if reason is not None:
+            raise SweepCancelled(reason)
+
+
+def sweep_dir_of(hydra_cfg: Any) -> Path:
+    folder = Path(str(hydra_cfg.sweep.dir))
+    return folder if folder.is_absolute() else Path(str(hydra_cfg.runtime.cwd)) / folder
+
+
+def current_sweep(fail_fast: bool) -> Sweep | None:
+    """The sweep of the running Hydra job, or None outside a multirun."""
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode != RunMode.MULTIRUN:
+        return None
+    folder = sweep_dir_of(hydra_cfg)
+    record = json.loads((folder / SWEEP_FILE).read_text(encoding="utf-8"))
+    return Sweep(folder, record["parent_run_id"], int(hydra_cfg.job.num), fail_fast)
