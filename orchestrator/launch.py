@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import posixpath
+import re
+import shlex
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -22,24 +24,34 @@ PID_FILE = "pid"
 EXIT_CODE_FILE = "exit_code"
 LEASE_FILE = "gpu_lease"  # "<gpu index> <unix time the lease began>[ <unix time the worker ended>]"
 WAITING_FILE = "waiting_for_gpu"
+ENV_FILE = "worker.env"  # the worker's variables, read and deleted by the supervisor before anything else
 STDOUT_FILE = "stdout.log"
 STDERR_FILE = "stderr.log"
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 # Fixed scripts: every value reaches them as a positional argument, never spliced into the text.
+# The worker's environment (secrets such as HF_TOKEN included) is in none of those arguments, which any user of
+# the host can read in its process list: `start_worker` writes it to worker.env (0600, over SFTP on an SSH host),
+# and the supervisor, first thing, reads that file into a shell variable and deletes it; the worker's subshell
+# evaluates the variable just before it `exec`s the worker, so the values reach the worker's environment only,
+# with the same precedence as before (after the supervisor's CUDA_VISIBLE_DEVICES, PYTHONPATH last).
 # The supervisor leases a GPU first when given candidates ($1, space-separated; locks in $2): `flock` on
 # <locks>/gpu<N>.lock through fd 9, which the worker inherits, so the lease lasts exactly as long as the
 # worker's process group, however it ends. No free GPU: it waits, and says so in a file the status reads.
 # The lock folder is shared by every user of the host (sticky and world-writable, like /tmp); a lock file
 # is opened read-only, so another user's file locks as well as one's own.
 _SUPERVISE = (
-    "echo $$ > pid; gpus=$1; locks=$2; shift 2; "
+    "echo $$ > pid; "
+    f"if ! worker_env=$(cat {ENV_FILE}); then echo 1 > exit_code.part; mv exit_code.part exit_code; exit 1; fi; "
+    f"rm -f {ENV_FILE}; "
+    "gpus=$1; locks=$2; shift 2; "
     'if [ -n "$gpus" ]; then [ -d "$locks" ] || { mkdir -p "$locks" && chmod 1777 "$locks"; } 2>/dev/null; lease=; '
     'while [ -z "$lease" ]; do for g in $gpus; do f="$locks/gpu$g.lock"; '
     '[ -e "$f" ] || (umask 0; : >> "$f"); exec 9<"$f"; '
     "if flock -n 9; then lease=$g; break; fi; exec 9<&-; done; "
     f'[ -n "$lease" ] || {{ echo "$gpus" > {WAITING_FILE}; sleep 1; }}; done; '
     f'rm -f {WAITING_FILE}; echo "$lease $(date +%s.%N)" > {LEASE_FILE}; export CUDA_VISIBLE_DEVICES=$lease; fi; '
-    '"$@"; code=$?; '
+    '(eval "$worker_env" && exec "$@"); code=$?; '
     f'if [ -n "$gpus" ]; then echo "$(cat {LEASE_FILE}) $(date +%s.%N)" > {LEASE_FILE}.part; '
     f"mv {LEASE_FILE}.part {LEASE_FILE}; fi; "
     "echo $code > exit_code.part; mv exit_code.part exit_code"
@@ -107,10 +119,17 @@ def start_worker(
 ) -> None:
     """Launch `python -m remote_worker run spec.json` detached in `run_dir`; returns at once.
 
-    With `gpus`, the worker first leases one of them (a lock in `locks_dir`) and sees only that one."""
-    worker_env = [f"{key}={value}" for key, value in env.items()] + [f"PYTHONPATH={code_dir}"]
+    `env` (and PYTHONPATH=`code_dir`) reach the worker through worker.env, never a command line; the file
+    is gone by the time the worker runs. With `gpus`, the worker first leases one of them (a lock in
+    `locks_dir`) and sees only that one."""
+    variables = {**{str(name): str(value) for name, value in env.items()}, "PYTHONPATH": code_dir}
+    for name in variables:
+        if not _ENV_NAME.fullmatch(name):
+            raise ValueError(f"not a valid environment variable name for the worker: {name!r}")
+    lines = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in variables.items())
+    transport.write_file(posixpath.join(run_dir, ENV_FILE), lines.encode(), 0o600)
     candidates = " ".join(str(int(g)) for g in gpus)
-    argv = ["sh", "-c", _DETACH, "launch", run_dir, candidates, locks_dir, "env", *worker_env]
+    argv = ["sh", "-c", _DETACH, "launch", run_dir, candidates, locks_dir]
     argv += [python, "-m", "remote_worker", "run", SPEC_FILE]
     transport.run(argv)
 

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import itertools
 import os
+import shlex
 import signal
 import stat
 import time
+import uuid
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import pytest
+
 from orchestrator.launch import (
+    ENV_FILE,
     EXIT_CODE_FILE,
     LEASE_FILE,
     PID_FILE,
@@ -20,7 +26,7 @@ from orchestrator.launch import (
     worker_status,
     write_spec,
 )
-from orchestrator.transport import LocalTransport
+from orchestrator.transport import CommandResult, LocalTransport
 from tests.conftest import group_alive
 
 transport = LocalTransport()
@@ -132,3 +138,110 @@ def test_gpu_leases_are_never_shared_and_a_third_job_waits(tmp_path: Path) -> No
     assert_never_shared(leased)
     assert {gpu for gpu, _, _ in used} == {"0", "1"}
     assert saw_waiting, "with both slots taken the third job reports that it waits"
+
+
+def command_lines_holding(secret: str) -> list[str]:
+    """Every process on this machine whose command line holds `secret`, as any user can read in `ps`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:  # gone, or not ours to read
+                continue
+            if secret.encode() in cmdline:
+                words = cmdline.decode(errors="replace").split("\0")
+                found.append(f"{entry.name}: {shlex.join(words)}")
+    return found
+
+
+def test_the_workers_environment_is_in_no_process_list_nor_left_on_disk(tmp_path: Path) -> None:
+    secret = f"hf_{uuid.uuid4().hex}"
+    run_dir = tmp_path / "run"
+    write_spec(transport, str(run_dir), {})
+    python = fake_python(tmp_path, 'echo "$HF_TOKEN|$OTHER" > seen; sleep 30')
+    start_worker(transport, str(run_dir), python, "/code", {"HF_TOKEN": secret, "OTHER": "a b"})
+    try:
+        assert wait_until(lambda: (run_dir / "seen").exists())
+        assert (run_dir / "seen").read_text() == f"{secret}|a b\n", "the worker still sees its variables"
+        assert not (run_dir / ENV_FILE).exists(), "read and deleted before the worker ran"
+        assert command_lines_holding(python), "the scan sees the worker's own command line"
+        assert command_lines_holding(secret) == []
+    finally:
+        stop_worker(transport, str(run_dir), grace_s=1.0)
+
+
+class RecordingTransport(LocalTransport):
+    """This machine, noting every command line and every file written, as they would travel over SSH."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.commands: list[list[str]] = []
+        self.files: dict[str, tuple[bytes, int]] = {}
+
+    def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, check: bool = True) -> CommandResult:
+        assert env is None
+        self.commands.append(list(argv))
+        return super().run(argv, env=env, check=check)
+
+    def write_file(self, path: str, data: bytes, mode: int) -> None:
+        self.files[path] = (data, mode)
+        super().write_file(path, data, mode)
+
+
+def test_the_environment_travels_as_a_private_file_not_a_command_line(tmp_path: Path) -> None:
+    recording = RecordingTransport()
+    run_dir = tmp_path / "run"
+    write_spec(recording, str(run_dir), {})
+    secret = f"pw'; echo {uuid.uuid4().hex}"
+    start_worker(recording, str(run_dir), fake_python(tmp_path, "exit 0"), "/code dir", {"DB_PASSWORD": secret})
+    assert wait_until(lambda: (run_dir / EXIT_CODE_FILE).exists())
+    assert not any(secret in arg or "DB_PASSWORD" in arg for argv in recording.commands for arg in argv)
+    data, mode = recording.files[str(run_dir / ENV_FILE)]
+    assert mode == 0o600
+    assert data.decode() == f"export DB_PASSWORD={shlex.quote(secret)}\nexport PYTHONPATH='/code dir'\n"
+    assert not (run_dir / ENV_FILE).exists()
+
+
+def test_a_name_that_is_not_a_variable_name_is_refused(tmp_path: Path) -> None:
+    recording = RecordingTransport()
+    with pytest.raises(ValueError, match="not a valid environment variable name"):
+        start_worker(recording, str(tmp_path), "python", "/code", {"A; touch x": "1"})
+    assert recording.commands == [] and recording.files == {}
+
+
+def test_a_worker_whose_environment_file_is_gone_does_not_run(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    write_spec(transport, str(run_dir), {})
+
+    class NoFile(LocalTransport):
+        def write_file(self, path: str, data: bytes, mode: int) -> None:
+            return None
+
+    start_worker(NoFile(), str(run_dir), fake_python(tmp_path, "touch ran"), "/code", {"HF_TOKEN": "x"})
+    assert wait_until(lambda: (run_dir / EXIT_CODE_FILE).exists())
+    assert worker_status(transport, str(run_dir)).exit_code == 1
+    assert not (run_dir / "ran").exists()
+
+
+@pytest.mark.slow
+def test_over_ssh_the_environment_travels_by_sftp_and_stays_out_of_ps(sshd, tmp_path: Path) -> None:
+    """Over SSH the command line reaches the host's process list (sshd runs it with `sh -c`); the file does not."""
+    from orchestrator.ssh_transport import SSHTransport
+
+    secret = f"hf_{uuid.uuid4().hex}"
+    ssh = SSHTransport(sshd.host_config(tmp_path / "remote"))
+    ssh.open()
+    try:
+        run_dir = tmp_path / "remote" / "runs" / "r1"
+        write_spec(ssh, str(run_dir), {})
+        python = fake_python(tmp_path, 'echo "$HF_TOKEN" > seen; sleep 30')
+        start_worker(ssh, str(run_dir), python, "/code", {"HF_TOKEN": secret})
+        assert wait_until(lambda: (run_dir / "seen").exists())
+        assert (run_dir / "seen").read_text() == f"{secret}\n"
+        assert not (run_dir / ENV_FILE).exists()
+        assert command_lines_holding(python)
+        assert command_lines_holding(secret) == []
+        stop_worker(ssh, str(run_dir), grace_s=1.0)
+    finally:
+        ssh.close()
