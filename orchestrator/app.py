@@ -8,9 +8,13 @@ store that does not answer or a state folder that cannot be written; nothing is 
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import sys
+import tempfile
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,7 +33,7 @@ from orchestrator.gitinfo import git_info
 from orchestrator.interrupt import CtrlC
 from orchestrator.job import Job, conclude, follow, launch, lifecycle, open_host, preflight, sync
 from orchestrator.launch import run_dir_for
-from orchestrator.redaction import redact_hydra_outputs
+from orchestrator.redaction import redact_hydra_outputs, redact_text
 from orchestrator.settings import Command, JobConfig
 from orchestrator.ssh_transport import SSHTransport
 from orchestrator.state import StateStore, StreamState
@@ -52,7 +56,23 @@ def make_transport(config: JobConfig) -> Transport:
 
 
 def run_job(cfg: DictConfig) -> int:
-    """Validate, then run the command the config asks for; return the exit code (see `status.py`)."""
+    """Validate, then run the command the config asks for; return the exit code (see `status.py`).
+
+    Nothing escapes to Hydra: its report of a failed job prints every override verbatim, secrets included."""
+    try:
+        return _run_job(cfg)
+    except Exception as exc:  # noqa: BLE001 - the lifecycle handles every run's failures; this is a bug before it
+        crash = Path(tempfile.gettempdir()) / f"orchestrator-crash-{os.getpid()}.txt"
+        with contextlib.suppress(OSError):
+            crash.write_text(redact_text(traceback.format_exc()), encoding="utf-8")
+        print(
+            f"local: orchestrator error {type(exc).__name__}: {redact_text(str(exc))} (traceback in {crash})",
+            file=sys.stderr,
+        )
+        return CANNOT_BEGIN_EXIT
+
+
+def _run_job(cfg: DictConfig) -> int:
     _keep_hydra_files_secret()
     console = Console()
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)  # its errors come back to us as exceptions

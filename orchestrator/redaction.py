@@ -21,10 +21,11 @@ from omegaconf import OmegaConf
 REDACTED = "***"
 # Anywhere in a key, case-insensitive: `db_password`, `client_secret`, `secretary_count` and `my_credentials`.
 SECRET_SUBSTRINGS = ("password", "secret", "passwd", "passphrase", "credential")
-# Whole words anywhere in a key: `HF_TOKEN` and `authToken` are secrets, `max_new_tokens` and `tokenizer` settings.
-SECRET_WORDS = frozenset({"token", "apikey"})
-# The last word of a key: `SSH_KEY`, `AWS_SECRET_ACCESS_KEY`, `apiKey`; not `linear_key_head_dim`, `keepalive_s`.
-SECRET_LAST_WORDS = frozenset({"key"})
+# Whole words anywhere in a key.
+SECRET_WORDS = frozenset({"apikey"})
+# The last word of a key: `HF_TOKEN`, `authToken`, `SSH_KEY`, `AWS_SECRET_ACCESS_KEY`, `apiKey`; not
+# `mask_token_id` (a vocabulary id), `max_new_tokens`, `tokenizer`, `linear_key_head_dim`, `keepalive_s`.
+SECRET_LAST_WORDS = frozenset({"key", "token"})
 # Words of a key: split on anything not a letter or digit, and between camelCase humps (`apiKey` → api, Key).
 _WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 _API_KEY = re.compile(r"api[_-]?key", re.IGNORECASE)

@@ -42,7 +42,7 @@ def test_secret_keys_are_recognised_by_whole_word() -> None:
     # `secretary_count` counts as secret: the issue asks for every key holding SECRET (`*SECRET*`), and one
     # setting hidden by mistake costs less than one secret shown by mistake.
     assert is_secret_key("secretary_count")
-    for key in ("max_new_tokens", "prefill_tokens", "linear_key_head_dim", "tokenizer"):
+    for key in ("max_new_tokens", "prefill_tokens", "linear_key_head_dim", "tokenizer", "mask_token_id"):
         assert not is_secret_key(key), key
 
 
