@@ -221,11 +221,37 @@ class SSHTransport:
             return b""
 
     def write_file(self, path: str, data: bytes, mode: int) -> None:
+        """Write in chunks, pipelined; an interrupted write drops the connection instead of closing the file.
+
+        Closing an SFTP file waits for every pipelined write's acknowledgement: over a slow or cut link after
+        Ctrl-C that could take minutes. So on KeyboardInterrupt (any BaseException that is not an Exception),
+        or on an error with the link already down, the SSH transport is shut without a word to the peer (its
+        socket closed, nothing waited for) and the next command reconnects. An error the server answered
+        with (no space, permission) leaves the link up: the file is then closed as usual.
+        """
+        chunk = 1 << 20
         sftp = self._sftp_client()
-        with sftp.open(path, "wb") as f:
+        f: paramiko.SFTPFile | None = None
+        try:
+            f = sftp.open(path, "wb")
             f.chmod(mode)
             f.set_pipelined(True)  # without it every 32 KiB write waits for its acknowledgement
-            f.write(data)
+            for start in range(0, len(data), chunk):
+                f.write(data[start : start + chunk])
+            f.close()
+        except BaseException as error:
+            link = self._connection.client.get_transport()
+            if isinstance(error, Exception) and link is not None and link.is_active():
+                if f is not None:
+                    with contextlib.suppress(*CONNECTION_ERRORS):
+                        f.close()
+            else:
+                with contextlib.suppress(Exception):
+                    if link is not None:
+                        link.close()  # closes the socket; sends nothing, waits for nothing
+                with contextlib.suppress(Exception):
+                    self.close()  # now only forgets the SFTP session and the connection
+            raise
 
     def make_dirs(self, path: str, mode: int) -> None:
         self.run(["mkdir", "-p", path])

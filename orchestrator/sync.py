@@ -5,10 +5,22 @@ is copied, and a snapshot a running job imports from is never written again: a c
 A new snapshot is built in a temporary folder that is renamed into place only when complete: with rsync
 when both ends have it, hard-linking every unchanged file from the newest snapshot (`--link-dest`), so a
 one-file change sends one file; otherwise as one gzipped tar over the SSH connection.
+
+Partial copies (`<hash>.part-<n>` folders, `<hash>.part-<n>.tar.gz` archives) never outlive their sync for
+long. A sync that fails or is interrupted (Ctrl-C included) removes its own, best effort and for a few
+seconds at most, so a dead link never holds up the exit: over the connection while it is up, else (an
+interrupted SFTP write drops the connection rather than wait on it) with one OpenSSH command killed at the
+time limit. What that misses (an orchestrator killed outright, a cut link, no local `ssh`) the next sync's
+first command removes: any part in which nothing has changed for STALE_PART_MIN minutes (by ctime, which
+copying always updates and nothing can set back; tar and rsync set mtimes into the past). A part's name
+cannot say whether its copy is still alive: `<n>` is the pid of the short-lived shell that looked, gone
+before the copy starts, and no process on the host lives exactly as long as an SFTP or rsync copy; so age
+decides, and a copy still making progress always has something recent inside.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import posixpath
@@ -17,19 +29,23 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+import threading
 from pathlib import Path
 
 from orchestrator import PROJECT_ROOT
+from orchestrator.preflight import workdir_problem
 from orchestrator.ssh_transport import SSHTransport
-from orchestrator.transport import command_result
+from orchestrator.transport import CommandFailed, command_result
 
 PACKAGES = ("remote_worker",)
 COMPLETE_MARK = ".complete"
 SYNC_METHODS = ("auto", "rsync", "tar")
+STALE_PART_MIN = 10  # minutes without change after which a partial copy counts as abandoned
+CLEANUP_TIMEOUT_S = 5.0  # the longest a failed or interrupted sync spends removing its partial copy
 
 
 class SyncFailed(RuntimeError):
-    pass
+    """The code could not be copied; the message names the setting or resource (not the host: callers add it)."""
 
 
 def worker_files(root: Path = PROJECT_ROOT) -> list[Path]:
@@ -64,8 +80,15 @@ def _tarball(files: list[Path], root: Path) -> bytes:
 
 # Fixed scripts, values as positional arguments. Each SSH command costs a round trip and a session, so a sync
 # is one command to look (is the snapshot there? rsync? the newest snapshot?), the copy, and one to publish.
+# Looking first removes parts in which nothing changed for $3 (STALE_PART_MIN) minutes: left by a sync that
+# died. A part whose age `find` cannot tell (an error, no -cmin) is kept.
+_SWEEP = (
+    'for part in "$1"/*.part-*; do [ -e "$part" ] || continue; '
+    'recent=$(find "$part" -cmin "-$3" 2>/dev/null) || continue; '
+    '[ -n "$recent" ] || rm -rf -- "$part"; done; '
+)
 _LOOK = (
-    f'if [ -f "$1/$2/{COMPLETE_MARK}" ]; then echo present; exit 0; fi; '
+    _SWEEP + f'if [ -f "$1/$2/{COMPLETE_MARK}" ]; then echo present; exit 0; fi; '
     'mkdir -p "$1" && chmod 700 "$1" || exit 1; echo "pid $$"; '
     "command -v rsync >/dev/null 2>&1 && echo rsync; "
     f'newest=$(ls -1t -- "$1"/*/{COMPLETE_MARK} 2>/dev/null | head -n 1); '
@@ -107,10 +130,11 @@ def sync_code(
     name = content_hash(files, root)
     code_root = posixpath.join(workdir, "code")
     snapshot = posixpath.join(code_root, name)
-    look = dict(
-        line.partition(" ")[::2]
-        for line in transport.run(["sh", "-c", _LOOK, "look", code_root, name]).stdout.splitlines()
-    )
+    try:
+        looked = transport.run(["sh", "-c", _LOOK, "look", code_root, name, str(STALE_PART_MIN)])
+    except CommandFailed as error:  # the code folder cannot be made: say why in the host's settings
+        raise _sync_failure(transport, workdir, error) from error
+    look = dict(line.partition(" ")[::2] for line in looked.stdout.splitlines())
     if "present" in look:
         return snapshot, False
     here = shutil.which("rsync") is not None and shutil.which("ssh") is not None
@@ -118,11 +142,67 @@ def sync_code(
     if method == "rsync" and not use_rsync:
         raise SyncFailed(f"host.sync=rsync, but rsync is missing {'there' if here else 'here'} ({transport.name})")
     partial = f"{snapshot}.part-{look['pid']}"
-    if use_rsync:
-        _rsync(transport, files, root, partial, look.get("newest"))
-    else:
-        archive = f"{partial}.tar.gz"
-        transport.write_file(archive, _tarball(files, root), 0o600)
-        transport.run(["sh", "-c", _UNTAR, "untar", partial, archive])
-    transport.run(["sh", "-c", _PUBLISH, "publish", partial, snapshot])
+    archive = f"{partial}.tar.gz"
+    data = None if use_rsync else _tarball(files, root)
+    try:
+        if data is None:
+            _rsync(transport, files, root, partial, look.get("newest"))
+        else:
+            transport.write_file(archive, data, 0o600)
+            transport.run(["sh", "-c", _UNTAR, "untar", partial, archive])
+        transport.run(["sh", "-c", _PUBLISH, "publish", partial, snapshot])
+    except BaseException as error:
+        # Named before the part is removed: removing it may free the space whose lack made the copy fail.
+        failure = (
+            _sync_failure(transport, workdir, error) if isinstance(error, Exception) and _connected(transport) else None
+        )
+        _remove_parts(transport, [partial, archive])
+        if failure is not None:
+            raise failure from error
+        raise
     return snapshot, True
+
+
+def _connected(transport: SSHTransport) -> bool:
+    """Whether the SSH connection is still up: a command then runs without opening a new one."""
+    connection = getattr(transport, "_connection", None)
+    return bool(getattr(connection, "is_connected", False))
+
+
+def _remove_parts(transport: SSHTransport, paths: list[str]) -> None:
+    """Remove a failed sync's partial copy, best effort: never raises, never waits past CLEANUP_TIMEOUT_S.
+
+    Over the live connection, in a daemon thread, so a link that dies meanwhile cannot hold the caller.
+    Without one (an interrupted SFTP write drops it) a new connection could take the whole connect timeout,
+    so the OpenSSH client does it, killed at the time limit; where there is none, the next sync's sweep does.
+    """
+    if _connected(transport):
+
+        def remove() -> None:
+            with contextlib.suppress(Exception):
+                transport.run(["rm", "-rf", "--", *paths], check=False)
+
+        worker = threading.Thread(target=remove, name="sync-cleanup", daemon=True)
+        worker.start()
+        worker.join(CLEANUP_TIMEOUT_S)
+    elif shutil.which("ssh") is not None:
+        with contextlib.suppress(Exception):
+            argv = [*transport.openssh_command(), transport.host["hostname"], shlex.join(["rm", "-rf", "--", *paths])]
+            subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=CLEANUP_TIMEOUT_S, check=False)
+
+
+def _sync_failure(transport: SSHTransport, workdir: str, error: Exception) -> SyncFailed:
+    """The failed copy in the words of the host's settings: the work dir's problem when one shows.
+
+    Never raises: a failure to find out gives the copy's own last line of error.
+    """
+    with contextlib.suppress(Exception):
+        problem = workdir_problem(transport, workdir, transport.host.get("python"))
+        if problem is not None:
+            return SyncFailed(problem)
+    if isinstance(error, CommandFailed):
+        output = (error.result.stderr or error.result.stdout).strip().splitlines()
+        detail = output[-1] if output else f"exit status {error.result.exit_code}"
+    else:
+        detail = f"{type(error).__name__}: {error}"
+    return SyncFailed(f"copying the worker's code to host.workdir {workdir} failed: {detail}")

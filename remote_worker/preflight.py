@@ -1,7 +1,8 @@
 """What a host offers, as one JSON line, checked before anything is copied or launched there.
 
 The orchestrator runs this file's source with the host's interpreter (`python -c SOURCE ARGS`), so it
-needs nothing on the host yet and writes nothing there. It imports only the standard library at the top,
+needs nothing on the host yet and writes nothing there (whether the work dir is writable is asked of the
+kernel, `os.access` and `os.statvfs`, never tried). It imports only the standard library at the top,
 so it answers even where torch or transformers are missing: that absence is one of its answers.
 """
 
@@ -24,6 +25,30 @@ def _version(module: str) -> str | None:
         return str(importlib.import_module(module).__version__)
     except Exception:  # noqa: BLE001 - any failure to import means "not usable here"
         return None
+
+
+def workdir_report(workdir: str) -> dict[str, Any]:
+    """Whether the run can write under `workdir`, found without writing anything.
+
+    The work dir may not exist yet: then its nearest existing ancestor is checked, where it will be created.
+    `workdir_problem` is None, "read-only file system", "permission denied" or "not a directory".
+    """
+    checked = os.path.abspath(workdir)
+    while not os.path.exists(checked):
+        checked = os.path.dirname(checked)
+    directory = checked if os.path.isdir(checked) else os.path.dirname(checked)
+    problem = None
+    if directory != checked:
+        problem = "not a directory"
+    elif not os.access(checked, os.W_OK | os.X_OK):  # False with EROFS on a read-only mount, even for root
+        read_only = bool(os.statvfs(checked).f_flag & os.ST_RDONLY)
+        problem = "read-only file system" if read_only else "permission denied"
+    return {
+        "workdir_free_gib": round(shutil.disk_usage(directory).free / GIB, 2),
+        "workdir_checked": checked,
+        "workdir_writable": problem is None,
+        "workdir_problem": problem,
+    }
 
 
 def preflight(workdir: str, paths: dict[str, str]) -> dict[str, Any]:
@@ -52,10 +77,7 @@ def preflight(workdir: str, paths: dict[str, str]) -> dict[str, Any]:
                         "total_gib": round(total / GIB, 2),
                     }
                 )
-    existing = workdir
-    while not os.path.isdir(existing):  # the work dir may not exist yet: measure where it will be
-        existing = os.path.dirname(existing) or "/"
-    report["workdir_free_gib"] = round(shutil.disk_usage(existing).free / GIB, 2)
+    report.update(workdir_report(workdir))
     report["paths"] = {name: os.path.isfile(os.path.join(path, "config.json")) for name, path in paths.items()}
     return report
 
