@@ -266,3 +266,8 @@ class SSHTransport:
             return False
         sftp.get(path, str(local_path))
         return True
+
+    def prepare_code(self, workdir: str, method: str) -> tuple[str, bool]:
+        from orchestrator.sync import sync_code  # sync imports this module
+
+        return sync_code(self, workdir, method=method)

@@ -62,8 +62,10 @@ def test_secrets_stay_out_of_mlflow_hydra_files_and_the_process_list(
         assert leaks == []  # the worker runs with them, but no command line carries them
         assert not (run_dir / "worker.env").exists()
     finally:
+        elsewhere = tmp_path / "cancel"  # its own Hydra folder, so the launch's stays to be read below
+        elsewhere.mkdir()
         cancelled = run_orchestrator(
-            ["tracking=server", f"tracking.uri={uri}", f"cancel={run_id}", *job_paths.overrides()], tmp_path
+            ["tracking=server", f"tracking.uri={uri}", f"cancel={run_id}", *job_paths.overrides()], elsewhere
         )
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
     assert not group_alive(pgid)
@@ -71,7 +73,7 @@ def test_secrets_stay_out_of_mlflow_hydra_files_and_the_process_list(
     printed = launched.stdout + launched.stderr + cancelled.stdout + cancelled.stderr
     for secret in (TOKEN, PASSWORD, API_KEY):
         assert secret not in printed
-        for path, text in files_under(tmp_path / "hydra").items():
+        for path, text in {**files_under(tmp_path / "hydra"), **files_under(tmp_path / "cancel")}.items():
             assert secret not in text, path
     assert "HF_TOKEN=***" in (tmp_path / "hydra" / ".hydra" / "overrides.yaml").read_text()
 
