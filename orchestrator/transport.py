@@ -55,7 +55,10 @@ class Transport(Protocol):
         """Drop the connection and open a new one."""
 
     def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, check: bool = True) -> CommandResult:
-        """Run a command to completion; raise `CommandFailed` on a non-zero exit when `check`."""
+        """Run a command to completion; raise `CommandFailed` on a non-zero exit when `check`.
+
+        `env` is for plain settings only: over SSH it travels as `env K=V` arguments, which the host's process
+        list shows. Secrets reach the worker through `worker.env` (see `launch.start_worker`)."""
 
     def read_bytes(self, path: str, offset: int, limit: int) -> bytes:
         """Up to `limit` bytes of `path` from `offset`; empty when there is nothing new (or no file yet)."""
