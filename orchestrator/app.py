@@ -32,7 +32,7 @@ from orchestrator.errors import HostLost, Interrupted, LocalFailure, PhaseFailed
 from orchestrator.gitinfo import git_info
 from orchestrator.interrupt import CtrlC
 from orchestrator.job import Job, conclude, follow, launch, lifecycle, open_host, preflight, sync
-from orchestrator.launch import run_dir_for
+from orchestrator.launch import run_dir_for, stop_worker
 from orchestrator.redaction import redact_hydra_outputs, redact_text
 from orchestrator.settings import Command, JobConfig
 from orchestrator.ssh_transport import SSHTransport
@@ -114,6 +114,7 @@ def run_command(config: JobConfig, console: Console, transport_for: TransportFac
         console.print(f"[yellow]job #{sweep.job_num} not started: {reason}[/yellow]")
         return RunStatus.KILLED.exit_code
     state = StreamState(run_id=run_id, host=config.host.name, run_dir=run_dir_for(config.host.workdir, run_id))
+    store.lock(run_id)
     return _follow(config, console, client, store, transport_for(config), experiment_id, state, _launch_body, sweep)
 
 
@@ -122,6 +123,11 @@ def attach_command_(config: JobConfig, console: Console, transport_for: Transpor
     client = open_tracking(config.tracking)
     store = open_state(config)
     experiment_id, state, started_s_ago = attached_state(client, store, config)
+    if store.lock(state.run_id) is None:
+        raise ConfigError(
+            f"run {state.run_id} is followed by another orchestrator here (pid {store.holder(state.run_id)}); "
+            "stop that one first"
+        )
     transport = transport_for(config)
     return _follow(config, console, client, store, transport, experiment_id, state, _attach_body, None, started_s_ago)
 
@@ -132,7 +138,25 @@ def cancel_command(config: JobConfig, console: Console, transport_for: Transport
     store = open_state(config)
     experiment_id, state, _ = attached_state(client, store, config)
     transport = transport_for(config)
+    if store.lock(state.run_id) is None:  # someone follows it: stop the worker, the follower ends the run
+        return _stop_followed(config, console, transport, state, store.holder(state.run_id))
+    # (the lock is let go by _follow, when this command is done with the run)
     return _follow(config, console, client, store, transport, experiment_id, state, _cancel_body, None)
+
+
+def _stop_followed(config: JobConfig, console: Console, transport: Transport, state: StreamState, pid: str) -> int:
+    try:
+        transport.open()
+        final = stop_worker(transport, state.run_dir, config.orchestrator.kill_grace_s)
+    except Exception as exc:  # noqa: BLE001 - one line, as every command's connect failure
+        print(f"{config.host.name}: {exc}", file=sys.stderr)
+        return RunStatus.FAILED.exit_code
+    finally:
+        transport.close()
+    console.print(
+        f"cancelled {state.run_id}: {final.describe()}; the orchestrator following it (pid {pid}) ends the run"
+    )
+    return 0
 
 
 def list_command(config: JobConfig, console: Console, transport_for: TransportFactory) -> int:
@@ -250,6 +274,7 @@ def _follow(
             outcome = lifecycle(job, body)
     finally:
         transport.close()
+        store.release(state.run_id)
     if sweep is not None:
         if ctrl_c.requested:
             sweep.cancel("the sweep was interrupted (Ctrl-C)")

@@ -12,7 +12,6 @@ after its last bytes are read. How it ended is decided later, from what the work
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from orchestrator.display import LiveProgress
 from orchestrator.errors import HostLost, PhaseFailed
 from orchestrator.launch import WorkerStatus, stop_worker, worker_status
 from orchestrator.mirror import EventMirror
-from orchestrator.ssh_transport import CONNECTION_ERRORS
+from orchestrator.ssh_transport import CONNECTION_ERRORS, HostKeyRefused
 from orchestrator.status import Stage
 from orchestrator.tracking.client import TrackingUnavailable, outages_named
 from orchestrator.tracking.sink import MlflowSink
@@ -51,14 +50,19 @@ class Reconnect:
             raise HostLost(f"{self.transport.name} unreachable for {waited:.0f}s: {type(error).__name__}: {error}")
         time.sleep(min(self.delay, max(self.budget_s - waited, 0.0)))
         self.delay = min(self.delay * 2, 8.0)
-        with contextlib.suppress(*CONNECTION_ERRORS):  # the next attempt tells
+        try:
             self.transport.reconnect()
+        except HostKeyRefused as refused:  # not a network blip: waiting would not change the key
+            raise HostLost(f"{self.transport.name}: {refused}") from refused
+        except CONNECTION_ERRORS:
+            pass  # the next attempt tells
 
 
 class Applier:
     """Applies the mirror's unapplied events to MLflow; while the store is down, waits and says so once."""
 
     RETRY_MIN_S, RETRY_MAX_S = 1.0, 15.0
+    CHUNK = 2000  # events per transaction
 
     def __init__(self, sink: MlflowSink, mirror: EventMirror, note: Callable[[str], None]) -> None:
         self.sink, self.mirror, self.note = sink, mirror, note
@@ -143,11 +147,11 @@ class Follower:
             try:
                 added = self.pull()
                 status = None if added else worker_status(self.transport, self.run_dir)
+                self.applier.apply()
                 self.reconnect.succeeded()
             except CONNECTION_ERRORS as error:
                 self.reconnect.after(error)
                 continue
-            self.applier.apply()
             if self.mirror.end is not None:
                 return self._after_end()
             if status is not None:

@@ -26,19 +26,20 @@ from orchestrator import tags
 from orchestrator.display import LiveProgress
 from orchestrator.errors import HostLost, Interrupted, LocalFailure, PhaseFailed
 from orchestrator.events import EVENTS_FILE
-from orchestrator.follow import Applier, Follower, FollowSettings
+from orchestrator.follow import Applier, Follower, FollowSettings, Reconnect
 from orchestrator.launch import STDERR_FILE, WorkerStatus, start_worker, stop_worker, worker_status, write_spec
 from orchestrator.mirror import EventMirror
 from orchestrator.plots import SUMMARY_FILE, plot_decode_summary
 from orchestrator.preflight import PreflightFailed, lease_candidates, run_preflight, workdir_problem
 from orchestrator.prompts import prompts_file_text
+from orchestrator.redaction import redact_text
 from orchestrator.settings import JobConfig
 from orchestrator.ssh_transport import CONNECTION_ERRORS, ConnectFailed, HostKeyRefused
 from orchestrator.state import StateStore, StreamState
 from orchestrator.status import Outcome, RunStatus, Stage
 from orchestrator.sweep import Sweep, SweepCancelled
-from orchestrator.tracking.client import TrackingUnavailable, outages_named
-from orchestrator.tracking.runs import attach_command, end_run, mark_detached
+from orchestrator.tracking.client import TrackingUnavailable, outages_named, short_reason
+from orchestrator.tracking.runs import attach_command, cancel_command, end_run, mark_detached
 from orchestrator.tracking.sink import MlflowSink
 from orchestrator.transport import CommandFailed, Transport
 from remote_worker.prompt_set import RUN_PROMPTS_FILE
@@ -64,6 +65,7 @@ class Job:
     started_s_ago: float = 0.0  # attach: how long ago the run began (for the start deadline)
     launched: bool = False  # a worker may be running: every failure from here on stops it
     tracking_down: bool = False  # the last call to MLflow found it unreachable
+    interrupted: bool = False  # Ctrl-C or a cancel: nothing waits any more
     stderr_tail: list[str] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
     _mirror: EventMirror | None = None
@@ -149,7 +151,7 @@ def launch(job: Job, report: dict[str, Any], code_dir: str) -> None:
         problem = _quietly(lambda: workdir_problem(job.transport, host.workdir))
         raise PhaseFailed(Stage.LAUNCH, f"{host.name}: {problem or f'could not start the worker: {exc}'}") from exc
     deadline = time.monotonic() + job.config.orchestrator.start_timeout_s
-    while (status := worker_status(job.transport, run_dir)).state == "starting":
+    while (status := _launched_status(job)).state == "starting":
         job.check_interrupt()
         if time.monotonic() > deadline:
             stderr = _host_text(job, STDERR_FILE).strip().splitlines()
@@ -160,6 +162,14 @@ def launch(job: Job, report: dict[str, Any], code_dir: str) -> None:
             )
         time.sleep(0.05)
     job.live.note(f"worker started on {host.name}" + (f" (pid {status.pid})" if status.pid else ""))
+
+
+def _launched_status(job: Job) -> WorkerStatus:
+    """A lost connection right after the start leaves a worker that may well be running: left for attach."""
+    try:
+        return worker_status(job.transport, job.state.run_dir)
+    except CONNECTION_ERRORS as exc:
+        raise HostLost(f"{job.host_label}: connection lost just after the start: {exc}") from exc
 
 
 def follow(job: Job) -> WorkerStatus:
@@ -198,12 +208,20 @@ def stop(job: Job, reason: str) -> Outcome:
     event, read now or before) keeps its status; one our SIGTERM stopped ends KILLED with our reason."""
     if job.launched:
         job.live.note(f"[yellow]{reason}: stopping the worker[/yellow]")
-        try:
-            stop_worker(job.transport, job.state.run_dir, job.config.orchestrator.kill_grace_s)
-            job.mirror.pull(job.transport)
-            job.mirror.scan()
-        except CONNECTION_ERRORS as exc:
-            raise HostLost(f"{job.host_label}: could not stop the worker: {exc}") from exc
+        for attempt in (1, 2):  # a dropped connection gets one fresh one: the stop must not give up lightly
+            try:
+                stop_worker(job.transport, job.state.run_dir, job.config.orchestrator.kill_grace_s)
+                job.mirror.pull(job.transport)
+                job.mirror.scan()
+                break
+            except CONNECTION_ERRORS as exc:
+                if attempt == 2:
+                    raise HostLost(
+                        f"{job.host_label}: could not stop the worker ({exc}); stop it later with "
+                        f"`{cancel_command(job.config, job.state.run_id)}`"
+                    ) from exc
+                with contextlib.suppress(*CONNECTION_ERRORS):
+                    job.transport.reconnect()
         if job.mirror.end is not None:
             recorded = conclude(job, WorkerStatus("exited"))
             if recorded.status is not RunStatus.KILLED:
@@ -212,7 +230,10 @@ def stop(job: Job, reason: str) -> Outcome:
 
 
 def collect(job: Job, outcome: Outcome) -> None:
-    """Apply every event still waiting (waiting for MLflow if it must), then log the run's files."""
+    """Apply every event still waiting (waiting for MLflow if it must), then log the run's files.
+
+    The events decide the run; the files are extras: one that cannot be fetched or logged (other than
+    because MLflow is out of reach) is a warning, never a different status."""
     if job.launched or job.mirror.size:
         _apply_all(job)
     if not job.launched:
@@ -220,21 +241,33 @@ def collect(job: Job, outcome: Outcome) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         events = Path(tmp) / EVENTS_FILE
         shutil.copyfile(job.mirror.path, events)
-        with outages_named():
-            job.client.log_artifact(job.state.run_id, str(events))
+        _log_file(job, events)
         for name in (STDERR_FILE, RUN_PROMPTS_FILE):
             local = Path(tmp) / name
             if _fetch(job, name, local):
-                with outages_named():
-                    job.client.log_artifact(job.state.run_id, str(local))
+                _log_file(job, local)
                 if name == STDERR_FILE:
                     text = local.read_text(encoding="utf-8", errors="replace")
                     job.stderr_tail = text.splitlines()[-STDERR_TAIL_LINES:]
         summary = Path(tmp) / SUMMARY_FILE
         if outcome.status is RunStatus.FINISHED and _fetch(job, SUMMARY_FILE, summary):
-            for figure in plot_decode_summary(summary, Path(tmp)):
-                with outages_named():
-                    job.client.log_artifact(job.state.run_id, str(figure), artifact_path="plots")
+            try:
+                figures = plot_decode_summary(summary, Path(tmp))
+            except Exception as exc:  # noqa: BLE001 - a summary the plots cannot read is the worker's to fix
+                job.live.note(f"[yellow]no plots: {SUMMARY_FILE} could not be read ({type(exc).__name__}: {exc})[/]")
+                figures = []
+            for figure in figures:
+                _log_file(job, figure, "plots")
+
+
+def _log_file(job: Job, path: Path, folder: str | None = None) -> None:
+    try:
+        with outages_named():
+            job.client.log_artifact(job.state.run_id, str(path), artifact_path=folder)
+    except TrackingUnavailable:
+        raise
+    except Exception as exc:  # noqa: BLE001 - refused by the store (too large, a proxy's limit): say so
+        job.live.note(f"[yellow]{path.name} was not logged: {type(exc).__name__}: {short_reason(exc)}[/yellow]")
 
 
 def finish(job: Job, outcome: Outcome) -> None:
@@ -242,15 +275,17 @@ def finish(job: Job, outcome: Outcome) -> None:
         if job.config.command.value == "attach":
             job.client.set_tag(job.state.run_id, tags.DETACHED, "false")  # followed to its end after all
         end_run(job.client, job.sink.run_ids(), outcome, error_already_tagged=job.sink.error is not None)
+    with contextlib.suppress(OSError):  # MLflow holds it now (events.jsonl); only the stream state stays
+        job.mirror.path.unlink()
 
 
 def leave_for_attach(job: Job, reason: str) -> Outcome:
     """The worker goes on (or has ended) but this process cannot finish the run: say how to pick it up."""
     command = attach_command(job.config, job.state.run_id)
     if not job.tracking_down:
-        with contextlib.suppress(TrackingUnavailable), outages_named():
+        with contextlib.suppress(TrackingUnavailable, KeyboardInterrupt), outages_named():
             mark_detached(job.client, job.state.run_id, command)
-    return Outcome(RunStatus.DETACHED, reason)
+    return Outcome(RunStatus.DETACHED, redact_text(reason))
 
 
 # -- the one place failures are given their meaning --------------------------------------------------------
@@ -266,6 +301,7 @@ def lifecycle(job: Job, body: Callable[[Job], Outcome]) -> Outcome:
             outcome = Outcome(RunStatus.FAILED, exc.message, exc.stage)
         except (KeyboardInterrupt, Interrupted, SweepCancelled) as exc:
             job.stopping()
+            job.interrupted = True
             reason = f"cancelled: {exc}" if isinstance(exc, SweepCancelled) else str(exc) or "interrupted (Ctrl-C)"
             if isinstance(exc, KeyboardInterrupt):
                 reason = "interrupted by the user (Ctrl-C)"
@@ -291,18 +327,30 @@ def lifecycle(job: Job, body: Callable[[Job], Outcome]) -> Outcome:
 
 
 def _local_failure(job: Job, exc: Exception) -> Outcome:
+    """This machine failed: stop the worker (never orphaned), end the run FAILED at stage `local`; where either
+    cannot be done (the host or MLflow is out of reach too), say so and leave the run for attach."""
     if isinstance(exc, LocalFailure):
         message = f"local: {exc}"
     else:
         crash = job.store.dir / f"{job.state.run_id}.crash.txt"
         with contextlib.suppress(OSError):
             crash.parent.mkdir(parents=True, exist_ok=True)
-            crash.write_text(traceback.format_exc(), encoding="utf-8")
+            crash.write_text(redact_text(traceback.format_exc()), encoding="utf-8")
         message = f"local: orchestrator error {type(exc).__name__}: {exc} (traceback in {crash})"
-    _stop_quietly(job)
+    message = redact_text(message)
+    if job.launched:
+        try:
+            stop_worker(job.transport, job.state.run_dir, job.config.orchestrator.kill_grace_s)
+        except Exception as stop_error:  # noqa: BLE001 - the host is gone too: the run must stay findable
+            detail = f"{message}; the worker could not be stopped ({type(stop_error).__name__})"
+            return leave_for_attach(job, f"{detail}: `{cancel_command(job.config, job.state.run_id)}` stops it")
     outcome = Outcome(RunStatus.FAILED, message, Stage.LOCAL)
-    with contextlib.suppress(Exception):
-        end_run(job.client, [*job.state.children.values(), job.state.run_id], outcome)
+    try:
+        with outages_named():
+            end_run(job.client, [*job.state.children.values(), job.state.run_id], outcome)
+    except Exception:  # noqa: BLE001 - MLflow cannot take the end now: attach ends the run later
+        job.tracking_down = True
+        return leave_for_attach(job, f"{message}; MLflow could not record the end")
     return outcome
 
 
@@ -333,10 +381,20 @@ def _python(job: Job) -> str:
 
 
 def _apply_all(job: Job) -> None:
-    """Everything read must reach MLflow before the run ends; wait for it up to tracking.outage_wait_s."""
-    deadline = time.monotonic() + job.config.tracking.outage_wait_s
+    """Everything read must reach MLflow before the run ends; wait for it up to tracking.outage_wait_s
+    (not at all after a Ctrl-C: the user asked to stop, and attach finishes the run exactly later)."""
+    wait = 0.0 if job.interrupted else job.config.tracking.outage_wait_s
+    deadline = time.monotonic() + wait
     said = False
-    while not job.applier.apply(now=True):
+    reconnect = Reconnect(job.transport, job.config.host.reconnect_budget_s, job.live.note)
+    while True:
+        try:
+            if job.applier.apply(now=True):
+                reconnect.succeeded()
+                return
+        except CONNECTION_ERRORS as error:  # fetching a listed artifact from the host
+            reconnect.after(error)
+            continue
         if time.monotonic() >= deadline:
             job.tracking_down = True
             raise TrackingUnavailable(
@@ -345,7 +403,7 @@ def _apply_all(job: Job) -> None:
             )
         if not said:
             job.live.note(
-                f"[yellow]the worker has ended; waiting up to {job.config.tracking.outage_wait_s:g}s for MLflow "
+                f"[yellow]the worker has ended; waiting up to {wait:g}s for MLflow "
                 "(Ctrl-C leaves the run for attach)[/yellow]"
             )
             said = True

@@ -24,6 +24,7 @@ PID_FILE = "pid"
 EXIT_CODE_FILE = "exit_code"
 LEASE_FILE = "gpu_lease"  # "<gpu index> <unix time the lease began>[ <unix time the worker ended>]"
 WAITING_FILE = "waiting_for_gpu"
+CANCELLED_FILE = "cancelled"  # stopped before it had a pid: the supervisor exits as soon as it starts
 ENV_FILE = "worker.env"  # the worker's variables, read and deleted by the supervisor before anything else
 STDOUT_FILE = "stdout.log"
 STDERR_FILE = "stderr.log"
@@ -42,6 +43,8 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # is opened read-only, so another user's file locks as well as one's own.
 _SUPERVISE = (
     "echo $$ > pid; "
+    f"if [ -e {CANCELLED_FILE} ]; then rm -f {ENV_FILE}; echo 143 > exit_code.part; "
+    "mv exit_code.part exit_code; exit 0; fi; "
     f"if ! worker_env=$(cat {ENV_FILE}); then echo 1 > exit_code.part; mv exit_code.part exit_code; exit 1; fi; "
     f"rm -f {ENV_FILE}; "
     "gpus=$1; locks=$2; shift 2; "
@@ -162,9 +165,19 @@ def _wait_until_gone(transport: Transport, group: str, timeout_s: float) -> bool
     return True
 
 
+_CANCEL = f'cd "$1" 2>/dev/null || exit 0; : > {CANCELLED_FILE}; rm -f {ENV_FILE}'
+
+
 def stop_worker(transport: Transport, run_dir: str, grace_s: float) -> WorkerStatus:
-    """SIGTERM the worker's process group, then SIGKILL it after `grace_s`; return the final status."""
+    """SIGTERM the worker's process group, then SIGKILL it after `grace_s`; return the final status.
+
+    A worker stopped before its supervisor wrote a pid (still `starting`) is cancelled by a marker file the
+    supervisor reads right after writing its pid; the pid is looked for once more after the marker, so
+    whichever of the two came first, the worker never runs unstopped (and its worker.env is removed)."""
     status = worker_status(transport, run_dir)
+    if status.state == "starting":
+        transport.run(["sh", "-c", _CANCEL, "cancel", run_dir], check=False)
+        status = worker_status(transport, run_dir)
     if status.state not in ("running", "waiting") or status.pid is None:
         return status
     group = f"-{status.pid}"  # `kill -SIG -PGID` (no `--`: dash's builtin kill rejects it)

@@ -39,20 +39,28 @@ class EventMirror:
         self.scan()
 
     def pull(self, transport: Transport) -> int:
-        """Copy what the worker appended since the last pull; return how many bytes came."""
+        """Copy what the worker appended since the last pull; return how many bytes came.
+
+        The file is cut back to `size` before each append and `size` is read back from the file after it,
+        so an append interrupted half-way (Ctrl-C, a full disk) is redone, never doubled: the mirror stays a
+        byte-exact prefix of the host's log."""
         added = 0
         while True:
             chunk = transport.read_bytes(self.host_path, self.size, READ_LIMIT)
             if not chunk:
                 break
             try:
-                with self.path.open("ab") as f:
-                    f.write(chunk)
-                    f.flush()
-                    os.fsync(f.fileno())
+                with self.path.open("r+b") as f:
+                    try:
+                        f.truncate(self.size)
+                        f.seek(self.size)
+                        f.write(chunk)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    finally:
+                        self.size = min(f.seek(0, os.SEEK_END), self.size + len(chunk))
             except OSError as exc:  # never mistaken for the connection (OSError too)
                 raise LocalFailure(f"orchestrator.state_dir: cannot write {self.path}: {exc.strerror or exc}") from exc
-            self.size += len(chunk)
             added += len(chunk)
             if len(chunk) < READ_LIMIT:
                 break
@@ -62,10 +70,7 @@ class EventMirror:
 
     def scan(self) -> tuple[list[Event], list[BadLine]]:
         """Parse the lines that became complete: note the `end` event; return them and the malformed ones."""
-        with self.path.open("rb") as f:
-            f.seek(self._scanned)
-            chunk = f.read()
-        events, bad, consumed = parse_chunk(chunk, self._scanned)
+        events, bad, consumed = parse_chunk(self._read(self._scanned), self._scanned)
         self._scanned += consumed
         self.events_seen += len(events)
         for event in events:
@@ -74,18 +79,33 @@ class EventMirror:
         self.bad.extend(bad)
         return events, bad
 
-    def events_after(self, offset: int) -> tuple[list[Event], int]:
-        """Every complete event from byte `offset` on, and the offset just past the last complete line."""
-        with self.path.open("rb") as f:
-            f.seek(offset)
-            chunk = f.read()
-        events, _bad, consumed = parse_chunk(chunk, offset)
+    def events_after(self, offset: int, limit: int | None = None) -> tuple[list[Event], int]:
+        """Complete events from byte `offset` on (at most `limit`), and the offset just past the last line read."""
+        chunk = self._read(offset)
+        end = chunk.rfind(b"\n") + 1
+        if limit is not None:
+            position = 0
+            for _ in range(limit):
+                newline = chunk.find(b"\n", position)
+                if newline < 0:
+                    break
+                position = newline + 1
+            end = min(end, position)
+        events, _bad, consumed = parse_chunk(chunk[:end], offset)
         return events, offset + consumed
 
     def waiting(self, last_applied_seq: int, offset: int) -> int:
         """How many read events MLflow has not been told yet."""
         events, _ = self.events_after(offset)
         return sum(1 for event in events if event.seq > last_applied_seq)
+
+    def _read(self, offset: int) -> bytes:
+        try:
+            with self.path.open("rb") as f:
+                f.seek(offset)
+                return f.read(max(0, self.size - offset))
+        except OSError as exc:
+            raise LocalFailure(f"orchestrator.state_dir: cannot read {self.path}: {exc.strerror or exc}") from exc
 
     def seconds_silent(self) -> float:
         return time.monotonic() - self.last_growth

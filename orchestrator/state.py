@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from dataclasses import asdict, dataclass, field
@@ -25,6 +26,7 @@ class StateStore:
 
     def __init__(self, state_dir: Path) -> None:
         self.dir = Path(state_dir) / "runs"
+        self._locks: dict[str, int] = {}
 
     def path(self, run_id: str) -> Path:
         return self.dir / f"{run_id}.json"
@@ -46,11 +48,44 @@ class StateStore:
     def save(self, state: StreamState) -> None:
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
-            tmp = self.path(state.run_id).with_suffix(".tmp")
+            tmp = self.path(state.run_id).with_suffix(f".{os.getpid()}.tmp")  # two processes never share one
             tmp.write_text(json.dumps(asdict(state), indent=1), encoding="utf-8")
             os.replace(tmp, self.path(state.run_id))
         except OSError as exc:
             raise LocalFailure(f"orchestrator.state_dir {self.dir.parent}: {exc.strerror or exc}") from exc
+
+    def lock(self, run_id: str) -> int | None:
+        """Hold the run for this process (until it exits); None if it is held, else the lock's descriptor.
+
+        Two processes of this machine following one run would both write its mirror and its state; the
+        second one (an attach, a cancel) learns of the first instead. `holder` says who that is."""
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.dir / f"{run_id}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise LocalFailure(f"orchestrator.state_dir {self.dir.parent}: {exc.strerror or exc}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._locks[run_id] = fd
+        return fd
+
+    def release(self, run_id: str) -> None:
+        """Let go of the run (the process's end does as much)."""
+        fd = self._locks.pop(run_id, None)
+        if fd is not None:
+            os.close(fd)
+
+    def holder(self, run_id: str) -> str:
+        """The pid written by the process that holds the run's lock, or `?`."""
+        try:
+            return (self.dir / f"{run_id}.lock").read_text().strip() or "?"
+        except OSError:
+            return "?"
 
     def load(self, run_id: str) -> StreamState | None:
         path = self.path(run_id)

@@ -64,6 +64,16 @@ def decode_log(rounds: int = 12, status: str = "FINISHED") -> list[bytes]:
     return lines
 
 
+def renumber(lines: list[bytes]) -> list[bytes]:
+    """The same events with `seq` 0, 1, 2, … again (after a test inserted one)."""
+    renumbered = []
+    for seq, line in enumerate(lines):
+        event = json.loads(line)
+        event["seq"] = seq
+        renumbered.append((json.dumps(event) + "\n").encode())
+    return renumbered
+
+
 class Cut(ConnectionResetError):
     """The fake connection is down."""
 
@@ -264,10 +274,11 @@ class FakeTracking:
         self.runs: dict[str, FakeRun] = {}
         self.calls = 0
         self.refused = 0
+        self.fail_on_calls: set[int] = set()  # the store drops these calls only (by count): a flush cut half-way
 
     def _check(self, what: str) -> None:
         self.calls += 1
-        if self.down:
+        if self.down or self.calls in self.fail_on_calls:
             self.refused += 1
             raise MlflowException(
                 f"API request to {self.tracking_uri}/api/2.0/mlflow/{what} failed with exception "

@@ -23,7 +23,7 @@ from orchestrator.tracking.client import TrackingUnavailable, open_tracking
 from orchestrator.tracking.sink import MlflowSink
 from orchestrator.validation import validate
 from tests.conftest import free_port
-from tests.fakes import FakeHost, FakeTracking, FakeWorker, decode_log, event_line, worker_histories
+from tests.fakes import FakeHost, FakeTracking, FakeWorker, decode_log, event_line, renumber, worker_histories
 
 
 def job_config(tmp_path: Path, *overrides: str) -> JobConfig:
@@ -327,3 +327,74 @@ def test_a_tracking_uri_that_does_not_answer_is_one_line_within_the_timeout(tmp_
 
 def test_event_line_helper_round_trips() -> None:
     assert event_line(3, "log", {"message": "x"}).endswith(b"\n")
+
+
+def test_a_flush_cut_half_way_then_attach_from_another_machine_loses_nothing(
+    tmp_path: Path, tracking: FakeTracking
+) -> None:
+    # The store drops one call in the middle of a batch (after the job run's part, before a child's), then
+    # this orchestrator dies; an attach from a machine without its state trusts the run's cursor tags.
+    host = FakeHost(FakeWorker(decode_log(rounds=30), lines_per_look=40))
+    tracking.fail_on_calls = set(range(12, 400))
+    code, _ = run(job_config(tmp_path, "tracking.outage_wait_s=0"), host)
+    assert code == 75
+    job = the_run(tracking)
+    tracking.fail_on_calls = set()
+    other_machine = tmp_path / "elsewhere"
+    code, out = run(job_config(other_machine, f"attach={job.run_id}"), host)
+    assert code == 0, out
+    assert_exact(tracking, host)
+
+
+def test_a_cut_while_fetching_an_artifact_is_a_reconnect_not_a_local_failure(
+    tmp_path: Path, tracking: FakeTracking
+) -> None:
+    lines = decode_log()
+    lines = renumber([*lines[:-1], event_line(0, "artifact", {"path": "probe.json"}), lines[-1]])
+    host = FakeHost(FakeWorker(lines, lines_per_look=4))
+    real_fetch = host.fetch
+    cuts = []
+
+    def fetch_once_cut(path, local):
+        if path.endswith("probe.json"):
+            host.files[path] = b"{}"
+            if not cuts:
+                cuts.append(path)
+                host.down = True
+                raise ConnectionResetError("reset while fetching")
+        return real_fetch(path, local)
+
+    host.fetch = fetch_once_cut
+    code, out = run(job_config(tmp_path, "+host.reconnect_budget_s=5"), host)
+    assert code == 0, out
+    assert cuts and "reconnected" in out
+    job = the_run(tracking)
+    assert job.status == "FINISHED" and "probe.json" in job.artifacts
+    assert_exact(tracking, host)
+
+
+def test_cancel_while_another_process_follows_stops_the_worker_and_leaves_the_end_to_it(
+    tmp_path: Path, tracking: FakeTracking
+) -> None:
+    host = FakeHost(FakeWorker(decode_log(rounds=40)))
+    run(job_config(tmp_path, "detach=true"), host)
+    job = the_run(tracking)
+    follower = StateStore(tmp_path / "state")
+    assert follower.lock(job.run_id) is not None  # as another orchestrator process on this machine would
+    try:
+        code, out = run(job_config(tmp_path, f"cancel={job.run_id}"), host)
+    finally:
+        follower.release(job.run_id)
+    assert code == 0, out
+    assert "the orchestrator following it" in out and host.signals_sent() == ["-TERM"]
+    assert job.status == "RUNNING"  # the follower ends it, with the worker's own KILLED
+
+
+def test_a_scope_that_is_not_a_run_name_is_a_warning(tmp_path: Path, tracking: FakeTracking) -> None:
+    lines = decode_log()
+    lines.insert(3, event_line(3, "metrics", {"x": 1.0}, scope="it's"))
+    lines = renumber(lines)
+    host = FakeHost(FakeWorker(lines))
+    code, out = run(job_config(tmp_path), host)
+    assert code == 0, out
+    assert "is not a run name" in the_run(tracking).tags[tags.EVENT_LOG_WARNINGS]

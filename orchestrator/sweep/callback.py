@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import signal
+import sys
 import time
 from pathlib import Path
 from types import FrameType
@@ -87,18 +88,21 @@ class SweepCallback(Callback):
 
 
 def _client(config: DictConfig) -> Any:
-    """The sweep's tracking store, with the same request deadline as its jobs."""
+    """The sweep's tracking store, with the same request deadline as its jobs; one line and exit 1 without it."""
     from orchestrator.settings import TrackingConfig
-    from orchestrator.tracking.client import open_tracking
+    from orchestrator.tracking.client import TrackingUnavailable, open_tracking
 
     tracking = OmegaConf.to_container(config.tracking, resolve=True)
     assert isinstance(tracking, dict)
-    return open_tracking(
-        TrackingConfig(
-            kind=str(tracking["kind"]),
-            uri=str(tracking["uri"]),
-            artifact_root=tracking.get("artifact_root"),
-            timeout_s=float(tracking["timeout_s"]),
-            outage_wait_s=float(tracking["outage_wait_s"]),
-        )
+    settings = TrackingConfig(
+        kind=str(tracking["kind"]),
+        uri=str(tracking["uri"]),
+        artifact_root=tracking.get("artifact_root"),
+        timeout_s=float(tracking["timeout_s"]),
+        outage_wait_s=float(tracking["outage_wait_s"]),
     )
+    try:
+        return open_tracking(settings)
+    except TrackingUnavailable as exc:
+        print(f"tracking: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None  # Hydra would print a traceback for any Exception

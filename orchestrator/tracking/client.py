@@ -17,7 +17,7 @@ import requests
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from orchestrator.redaction import redact_url
+from orchestrator.redaction import redact_text, redact_url
 from orchestrator.settings import TrackingConfig
 
 # How MLflow words a request that never got an answer, or got a gateway's or an overloaded server's.
@@ -29,15 +29,19 @@ class TrackingUnavailable(RuntimeError):
 
 
 def is_outage(error: BaseException) -> bool:
-    """Whether `error` says the store is out of reach, as opposed to a request it refused (a bug)."""
+    """Whether `error` says the store is out of reach or failing (no answer, a 5xx such as a database that
+    is down or locked), as opposed to a request it refused (4xx: a bug to report, not to wait out).
+
+    Only errors of the HTTP client and of MLflow count: an OSError of the SSH connection (which the sink
+    may meet fetching an artifact from the host) is the host's, and the follow loop reconnects for it."""
     if isinstance(error, TrackingUnavailable):
         return True
-    if isinstance(error, (requests.ConnectionError, requests.Timeout, ConnectionError, TimeoutError)):
+    if isinstance(error, (requests.ConnectionError, requests.Timeout)):
         return True
     if isinstance(error, requests.HTTPError):
         return error.response is not None and error.response.status_code >= 500
     if isinstance(error, MlflowException):
-        return bool(_NO_ANSWER.search(str(error)))
+        return bool(_NO_ANSWER.search(str(error))) or error.get_http_status_code() >= 500
     return False
 
 
@@ -49,7 +53,7 @@ def short_reason(error: BaseException) -> str:
             text = text[text.index(marker) :]
             break
     text = re.sub(r"<[^>]*>:?\s*", "", text).strip(" ,'\")(")
-    return text[:160]
+    return redact_text(text[:160])
 
 
 @contextmanager

@@ -99,6 +99,11 @@ def attach_command(config: JobConfig, run_id: str) -> str:
     )
 
 
+def cancel_command(config: JobConfig, run_id: str) -> str:
+    """The command that stops `run_id`'s worker and ends the run."""
+    return attach_command(config, run_id).replace(f"attach={run_id}", f"cancel={run_id}", 1)
+
+
 def mark_detached(client: MlflowClient, run_id: str, command: str) -> None:
     """Tag the run as followed by nobody, with the command that follows it again."""
     client.log_batch(run_id, tags=[RunTag(tags.DETACHED, "true"), RunTag(tags.ATTACH_COMMAND, command)])

@@ -18,6 +18,7 @@ on the run; only the worker decides to stop.
 from __future__ import annotations
 
 import posixpath
+import re
 import tempfile
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -43,6 +44,12 @@ SCOPE_TAG = tags.SCOPE
 LAST_SEQ_TAG = tags.LAST_SEQ
 OFFSET_TAG = tags.OFFSET
 DETACHED_TAG = tags.DETACHED
+
+
+# What MLflow accepts as a metric or param name, and what a child run's name may be here (it is quoted in a
+# search filter, so no quotes): anything else from the worker is a warning, never a request MLflow refuses.
+_KEY = re.compile(r"[\w\-. /]{1,250}")
+_NAME = re.compile(r"[\w\-.]{1,200}")
 
 
 @dataclass
@@ -71,6 +78,8 @@ class MlflowSink:
         self.end: dict[str, Any] | None = None
         self.error: str | None = None
         self.warnings: list[str] = []
+        self._unsent_warnings = False
+        self._params_sent: dict[str, dict[str, str]] = defaultdict(dict)  # run → key → value, this process
         self._pending: dict[str, _Pending] = defaultdict(_Pending)
 
     # -- the public surface ---------------------------------------------------------------------------
@@ -79,8 +88,14 @@ class MlflowSink:
         """Apply the new events among `events`; return those that were new.
 
         The state (last seq, offset) moves and is saved only once MLflow has taken the whole batch; an error
-        from MLflow leaves it where it was, so the same events are applied again next time."""
+        from MLflow leaves it where it was, so the same events are applied again next time. The cursor tags
+        (`orchestrator.last_seq`, `orchestrator.offset`) go in a call of their own after every other call
+        of the batch succeeded: an `attach` from another machine trusts them, so they must never run ahead
+        of what MLflow holds."""
         fresh = [event for event in events if event.seq > self.state.last_seq]
+        offset = max(self.state.offset, end_offset)
+        if not fresh and offset == self.state.offset and not self._unsent_warnings:
+            return []
         expected = self.state.last_seq + 1
         try:
             for event in fresh:
@@ -89,14 +104,14 @@ class MlflowSink:
                 self._apply_one(event)
                 expected = event.seq + 1
             last_seq = fresh[-1].seq if fresh else self.state.last_seq
-            offset = max(self.state.offset, end_offset)
-            job_tags = self._pending[self.state.run_id].tags
-            job_tags.update({tags.LAST_SEQ: str(last_seq), tags.OFFSET: str(offset)})
             if self.warnings:
-                job_tags[tags.EVENT_LOG_WARNINGS] = self._warnings_tag()
+                self._pending[self.state.run_id].tags[tags.EVENT_LOG_WARNINGS] = self._warnings_tag()
             self._flush()
+            cursor = [RunTag(tags.LAST_SEQ, str(last_seq)), RunTag(tags.OFFSET, str(offset))]
+            self.client.log_batch(self.state.run_id, tags=cursor)
         finally:
             self._pending.clear()
+        self._unsent_warnings = False
         self.state.last_seq, self.state.offset = last_seq, offset
         self.store.save(self.state)
         return fresh
@@ -113,6 +128,12 @@ class MlflowSink:
     # -- events ---------------------------------------------------------------------------------------
 
     def _apply_one(self, event: Event) -> None:
+        if event.scope is not None and not (isinstance(event.scope, str) and _NAME.fullmatch(event.scope)):
+            self._warn(f"event seq {event.seq}: scope {str(event.scope)[:40]!r} is not a run name; skipped")
+            return
+        if event.step is not None and (isinstance(event.step, bool) or not isinstance(event.step, int)):
+            self._warn(f"event seq {event.seq}: step {str(event.step)[:20]!r} is not an integer; skipped")
+            return
         run_id = self._run_for(event.scope)
         data = event.data if isinstance(event.data, dict) else {}
         if event.kind in ("artifact", "traceback"):
@@ -126,7 +147,12 @@ class MlflowSink:
         elif event.kind == "env":
             pending.tags.update({k: str(v) for k, v in redact(data).items()})
         elif event.kind == "params":
-            pending.params.update(to_params(data, MAX_PARAM_VAL_LENGTH))
+            sent = self._params_sent[run_id]
+            for key, value in to_params(data, MAX_PARAM_VAL_LENGTH).items():
+                if not _KEY.fullmatch(key) or sent.get(key, value) != value:
+                    self._warn(f"event seq {event.seq}: param {key[:60]!r} is not a valid name or changed; skipped")
+                    continue
+                sent[key] = pending.params[key] = value
         elif event.kind == "metrics":
             step = event.step or 0
             for key, value in data.items():
@@ -134,6 +160,9 @@ class MlflowSink:
                     number = float(value)
                 except (TypeError, ValueError):
                     self._warn(f"metric {key}={str(value)[:40]!r} at seq {event.seq} is not a number")
+                    continue
+                if not _KEY.fullmatch(key):
+                    self._warn(f"event seq {event.seq}: {key[:60]!r} is not a valid metric name; skipped")
                     continue
                 pending.metrics.append(Metric(key, number, event.timestamp_ms, step))
         elif event.kind == "traceback":
@@ -183,6 +212,7 @@ class MlflowSink:
     def _warn(self, line: str) -> None:
         if line not in self.warnings:
             self.warnings.append(line)
+            self._unsent_warnings = True
 
     def _warnings_tag(self) -> str:
         return (f"{len(self.warnings)}: " + " | ".join(self.warnings[-3:]))[:MAX_PARAM_VAL_LENGTH]
