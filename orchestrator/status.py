@@ -5,8 +5,9 @@
 | FINISHED   | FINISHED               | 0         | the worker recorded `end` FINISHED and everything was applied    |
 | FAILED     | FAILED                 | 1         | the worker recorded FAILED, or died, or a phase before it failed |
 | KILLED     | KILLED                 | 130       | Ctrl-C, `cancel`, a cancelled sweep, or the worker's own SIGTERM |
-| DETACHED   | stays RUNNING          | 75        | left for `attach`: host or MLflow out of reach, `detach=true` |
+| DETACHED   | stays RUNNING          | 75        | left for `attach`: the host or MLflow out of reach  |
 
+`detach=true` also leaves the run RUNNING, as asked: exit 0. `cancel` exits 0 once the run has ended.
 A config mistake exits 2 before any run exists (see `CONFIG_ERROR_EXIT`); a run that cannot even begin
 (tracking server or state folder unusable) exits 1 with one line and creates nothing.
 """
