@@ -186,7 +186,9 @@ COMMANDS = {
 def _launch_body(job: Job) -> Outcome:
     open_host(job)
     report = preflight(job)
+    job.check_interrupt()  # a Ctrl-C that a host command swallowed (Invoke forwards it and carries on)
     code_dir = sync(job)
+    job.check_interrupt()
     launch(job, report, code_dir)
     if job.config.command is Command.DETACH:
         return Outcome(RunStatus.DETACHED)
