@@ -76,6 +76,8 @@ def _run_job(cfg: DictConfig) -> int:
     _keep_hydra_files_secret()
     console = Console()
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)  # its errors come back to us as exceptions
+    for chatty in ("alembic", "mlflow", "urllib3"):  # a local store's migrations, retries we report ourselves
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     try:
         config = validate(assign_host(cfg))
     except ConfigError as exc:
@@ -108,7 +110,9 @@ def run_command(config: JobConfig, console: Console, transport_for: TransportFac
     sweep = current_sweep(config.fail_fast)
     job_tags = {tags.PARENT_RUN_ID: sweep.parent_run_id, tags.SWEEP_JOB: str(sweep.job_num)} if sweep else {}
     with outages_named():
-        experiment_id, run_id = create_job_run(client, config, _task_overrides(), git_info(), job_tags)
+        experiment_id, run_id = create_job_run(
+            client, config, _task_overrides(), git_info(), job_tags, _swept_values() if sweep else None
+        )
     if sweep is not None and (reason := sweep.cancelled()) is not None:
         end_unstarted_job(client, run_id, reason)
         console.print(f"[yellow]job #{sweep.job_num} not started: {reason}[/yellow]")
@@ -307,10 +311,12 @@ def _report(console: Console, job: Job, outcome: Outcome) -> int:
         console.print("[red]last lines of the worker's stderr:[/red]")
         for line in job.stderr_tail:
             console.print(f"  {line}", markup=False, highlight=False)
-    links = {"mlflow run": run_id, "url": run_url(job.client, job.experiment_id, run_id)}
+    links = {"mlflow run": run_id}
     if not job.client.tracking_uri.startswith("http"):
-        links["ui"] = "run `make ui` to serve the local store at that address"
+        links["ui"] = "`make ui` serves the local store at the address below"
     console.print(summary_table(outcome.status.value, outcome.error, job.summary, links))
+    # On a line of its own and never folded, so that it can be clicked or pasted whatever the width.
+    console.print(run_url(job.client, job.experiment_id, run_id), soft_wrap=True, markup=False, highlight=False)
     return outcome.status.exit_code
 
 
@@ -328,6 +334,18 @@ def _interrupt_check(ctrl_c: CtrlC, sweep: Sweep | None) -> Callable[[], None]:
 
 def _task_overrides() -> list[str]:
     return list(HydraConfig.get().overrides.task)
+
+
+def _swept_values() -> dict[str, str]:
+    """This sweep job's values of the keys its grid varies (`hydra.sweeper.params`), for the run's name."""
+    hydra_cfg = HydraConfig.get()
+    swept = set((hydra_cfg.sweeper.get("params") or {}).keys())
+    values = {}
+    for override in hydra_cfg.overrides.task:
+        key, _, value = str(override).lstrip("+~").partition("=")
+        if key in swept:
+            values[key] = value
+    return values
 
 
 def _keep_hydra_files_secret() -> None:

@@ -9,6 +9,7 @@ in `app.py` (run, detach, attach, cancel) are the same recipe with a different b
 from __future__ import annotations
 
 import contextlib
+import json
 import posixpath
 import shutil
 import tempfile
@@ -27,6 +28,7 @@ from orchestrator.display import LiveProgress
 from orchestrator.errors import HostLost, Interrupted, LocalFailure, PhaseFailed
 from orchestrator.events import EVENTS_FILE
 from orchestrator.follow import Applier, Follower, FollowSettings, Reconnect
+from orchestrator.job_summary import generation_rows, summarize
 from orchestrator.launch import STDERR_FILE, WorkerStatus, start_worker, stop_worker, worker_status, write_spec
 from orchestrator.mirror import EventMirror
 from orchestrator.plots import SUMMARY_FILE, plot_decode_summary
@@ -45,6 +47,7 @@ from orchestrator.transport import CommandFailed, Transport
 from remote_worker.prompt_set import RUN_PROMPTS_FILE
 
 STDERR_TAIL_LINES = 20
+GENERATIONS_FILE = "generations.jsonl"  # written by experiment=ddtree_gdn, one row per prompt
 
 
 @dataclass
@@ -108,12 +111,16 @@ def open_host(job: Job, *, leave_if_unreachable: bool = False) -> None:
         if leave_if_unreachable:
             raise HostLost(message) from exc
         raise PhaseFailed(Stage.CONNECT, message) from exc
+    if job.config.host.is_ssh:
+        job.live.note(f"connected to {job.host_label} ({job.config.host.raw.get('hostname')})")
 
 
 def preflight(job: Job) -> dict[str, Any]:
     host = job.config.host
     try:
-        return run_preflight(job.transport, host.raw, job.config.worker_sections["model"], _python(job))
+        report = run_preflight(job.transport, host.raw, job.config.worker_sections["model"], _python(job))
+        job.live.note(f"preflight: {_describe_host(report)}")
+        return report
     except PreflightFailed as exc:
         raise PhaseFailed(Stage.PREFLIGHT, str(exc)) from exc
     except CONNECTION_ERRORS as exc:
@@ -125,9 +132,21 @@ def sync(job: Job) -> str:
         code_dir, copied = job.transport.prepare_code(job.config.host.workdir, job.config.host.sync)
     except (CommandFailed, RuntimeError, *CONNECTION_ERRORS) as exc:
         raise PhaseFailed(Stage.SYNC, f"{job.host_label}: code sync failed: {exc}") from exc
-    if copied or job.config.host.is_ssh:
-        job.live.note(f"code snapshot {code_dir} ({'copied' if copied else 'already on the host'})")
+    if job.config.host.is_ssh:
+        job.live.note(f"code synced to {code_dir} ({'copied' if copied else 'cached: already on the host'})")
     return code_dir
+
+
+def _describe_host(report: dict[str, Any]) -> str:
+    """`python 3.12, torch 2.13, CUDA 12.8, 1× NVIDIA H200 (139 GiB free)`: what the run will use."""
+    gpus = report.get("gpus") or []
+    names = sorted({str(g.get("name")) for g in gpus})
+    if gpus:
+        free = ", ".join(f"{g.get('free_gib', 0):.0f}" for g in gpus)
+        devices = f"{len(gpus)}× {' / '.join(names)} ({free} GiB free)"
+    else:
+        devices = "no GPU"
+    return f"python {report.get('python')}, torch {report.get('torch')}, CUDA {report.get('cuda') or 'none'}, {devices}"
 
 
 def launch(job: Job, report: dict[str, Any], code_dir: str) -> None:
@@ -253,11 +272,35 @@ def collect(job: Job, outcome: Outcome) -> None:
         if outcome.status is RunStatus.FINISHED and _fetch(job, SUMMARY_FILE, summary):
             try:
                 figures = plot_decode_summary(summary, Path(tmp))
+                _describe(job, summary, Path(tmp))
             except Exception as exc:  # noqa: BLE001 - a summary the plots cannot read is the worker's to fix
                 job.live.note(f"[yellow]no plots: {SUMMARY_FILE} could not be read ({type(exc).__name__}: {exc})[/]")
                 figures = []
             for figure in figures:
                 _log_file(job, figure, "plots")
+
+
+def _describe(job: Job, summary: Path, tmp: Path) -> None:
+    """The job's page answers the comparison: the table as its description and as files, the generations
+    as an MLflow table (one row per prompt and method)."""
+    decode = job.config.worker_sections["decode"]
+    model = job.config.worker_sections["model"]
+    title = f"{job.config.model_name} · {model.get('dtype')} · T={decode.get('temperature')} · {job.host_label}"
+    rendered = summarize(json.loads(summary.read_text(encoding="utf-8")), title)
+    with outages_named():
+        job.client.set_tag(job.state.run_id, tags.NOTE, rendered.markdown)
+    for name, text in (("summary.md", rendered.markdown), ("summary.csv", rendered.csv)):
+        (tmp / name).write_text(text, encoding="utf-8")
+        _log_file(job, tmp / name)
+    generations = tmp / GENERATIONS_FILE
+    if _fetch(job, GENERATIONS_FILE, generations):
+        try:
+            with outages_named():
+                job.client.log_table(job.state.run_id, generation_rows(generations), "generations_table.json")
+        except TrackingUnavailable:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the table is an extra; generations.jsonl is logged anyway
+            job.live.note(f"[yellow]generations table not logged: {type(exc).__name__}: {short_reason(exc)}[/]")
 
 
 def _log_file(job: Job, path: Path, folder: str | None = None) -> None:

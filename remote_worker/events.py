@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 EVENTS_FILE = "events.jsonl"
-KINDS = frozenset({"start", "env", "params", "metrics", "progress", "log", "artifact", "traceback", "end"})
+KINDS = frozenset({"start", "env", "params", "tags", "metrics", "progress", "log", "artifact", "traceback", "end"})
 
 
 def _jsonable(value: Any) -> Any:

@@ -31,6 +31,7 @@ from mlflow.utils.validation import (
     MAX_ENTITIES_PER_BATCH,
     MAX_PARAM_VAL_LENGTH,
     MAX_PARAMS_TAGS_PER_BATCH,
+    MAX_TAG_VAL_LENGTH,
 )
 
 from orchestrator import tags
@@ -144,8 +145,8 @@ class MlflowSink:
             pending.tags[tags.WORKER_PID] = str(data.get("pid", ""))
             if "cuda_visible_devices" in data:
                 pending.tags[tags.WORKER_GPU] = str(data["cuda_visible_devices"])
-        elif event.kind == "env":
-            pending.tags.update({k: str(v) for k, v in redact(data).items()})
+        elif event.kind in ("env", "tags"):
+            pending.tags.update({k: str(v)[:MAX_TAG_VAL_LENGTH] for k, v in redact(data).items() if _KEY.fullmatch(k)})
         elif event.kind == "params":
             sent = self._params_sent[run_id]
             for key, value in to_params(data, MAX_PARAM_VAL_LENGTH).items():
@@ -168,10 +169,14 @@ class MlflowSink:
         elif event.kind == "traceback":
             self.error = str(data.get("error", "worker raised an exception"))
             pending.tags.update({tags.ERROR: self.error, tags.FAILURE_STAGE: "worker"})
+        elif event.kind == "progress":  # where the worker is, on the job's page while it runs
+            where = f"{data.get('completed', '?')}/{data.get('total', '?')}"
+            message = str(data.get("message") or data.get("task") or "")
+            self._pending[self.state.run_id].tags[tags.PROGRESS] = f"{message} · {where}"[:MAX_TAG_VAL_LENGTH]
         elif event.kind == "end":
             self.end = data
             pending.tags[tags.WORKER_STATUS] = str(data.get("status", "unknown"))
-        # `progress` and `log` are for the terminal; they stay in events.jsonl, which is logged at the end.
+        # `log` lines are for the terminal; they stay in events.jsonl, which is logged at the end.
 
     def _run_for(self, scope: str | None) -> str:
         if scope is None:
@@ -192,7 +197,7 @@ class MlflowSink:
         child = self.client.create_run(
             self.experiment_id,
             run_name=scope,
-            tags={tags.PARENT_RUN_ID: self.state.run_id, tags.SCOPE: scope},
+            tags={tags.PARENT_RUN_ID: self.state.run_id, tags.SCOPE: scope, tags.HOST: self.state.host},
         )
         return child.info.run_id
 
