@@ -26,7 +26,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 
 from orchestrator import tags
-from orchestrator.commands import list_runs
+from orchestrator.commands import find_run, list_runs, print_logs
 from orchestrator.display import LiveProgress, summary_table
 from orchestrator.errors import HostLost, Interrupted, LocalFailure, PhaseFailed
 from orchestrator.gitinfo import git_info
@@ -133,6 +133,8 @@ def attach_command_(config: JobConfig, console: Console, transport_for: Transpor
             "stop that one first"
         )
     transport = transport_for(config)
+    if (code := _reach(config, transport)) is not None:
+        return code
     return _follow(config, console, client, store, transport, experiment_id, state, _attach_body, None, started_s_ago)
 
 
@@ -142,10 +144,24 @@ def cancel_command(config: JobConfig, console: Console, transport_for: Transport
     store = open_state(config)
     experiment_id, state, _ = attached_state(client, store, config)
     transport = transport_for(config)
+    if (code := _reach(config, transport)) is not None:
+        return code
     if store.lock(state.run_id) is None:  # someone follows it: stop the worker, the follower ends the run
         return _stop_followed(config, console, transport, state, store.holder(state.run_id))
     # (the lock is let go by _follow, when this command is done with the run)
     return _follow(config, console, client, store, transport, experiment_id, state, _cancel_body, None)
+
+
+def _reach(config: JobConfig, transport: Transport) -> int | None:
+    """Connect before touching a run that lives on the host: out of reach is one line (as a run's connect
+    failure) and the run is left exactly as it was; None when connected."""
+    try:
+        transport.open()
+    except Exception as exc:  # noqa: BLE001 - ConnectFailed, HostKeyRefused, a socket error: all one line
+        print(f"{config.host.name}: {exc}", file=sys.stderr)
+        transport.close()
+        return RunStatus.FAILED.exit_code
+    return None
 
 
 def _stop_followed(config: JobConfig, console: Console, transport: Transport, state: StreamState, pid: str) -> int:
@@ -164,11 +180,40 @@ def _stop_followed(config: JobConfig, console: Console, transport: Transport, st
 
 
 def list_command(config: JobConfig, console: Console, transport_for: TransportFactory) -> int:
-    """The runs whose worker is alive on the host."""
+    """The runs whose worker is alive on the host; with list=all, every run of the host in MLflow too."""
+    try:
+        client: MlflowClient | None = open_tracking(config.tracking)
+    except TrackingUnavailable as exc:
+        if config.list_all:
+            raise
+        console.print(f"[yellow]{exc}: listing from the host alone[/yellow]")
+        client = None
     transport = transport_for(config)
     try:
         transport.open()
-        return list_runs(console, transport, config.host.raw)
+        return list_runs(console, transport, config, client)
+    except (TrackingUnavailable, ConfigError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - every connect failure is the same one line a run gives
+        print(f"{config.host.name}: {exc}", file=sys.stderr)
+        return RunStatus.FAILED.exit_code
+    finally:
+        transport.close()
+
+
+def logs_command(config: JobConfig, console: Console, transport_for: TransportFactory) -> int:
+    """The worker's stderr and log lines (follow=true: until the worker ends; Ctrl-C stops reading only)."""
+    run_id = str(config.run_id) if len(str(config.run_id)) == 32 else find_run(open_tracking(config.tracking), config)
+    transport = transport_for(config)
+    try:
+        transport.open()
+        with CtrlC(console) as ctrl_c:
+            return print_logs(
+                console, transport, run_dir_for(config.host.workdir, run_id), config.follow,
+                config.orchestrator.poll_interval_s, ctrl_c.check,
+            )  # fmt: skip
+    except KeyboardInterrupt:
+        return 0
     except Exception as exc:  # noqa: BLE001 - every connect failure is the same one line a run gives
         print(f"{config.host.name}: {exc}", file=sys.stderr)
         return RunStatus.FAILED.exit_code
@@ -181,6 +226,7 @@ COMMANDS = {
     Command.DETACH: run_command,
     Command.ATTACH: attach_command_,
     Command.CANCEL: cancel_command,
+    Command.LOGS: logs_command,
     Command.LIST: list_command,
 }
 
@@ -224,7 +270,7 @@ def attached_state(client: MlflowClient, store: StateStore, config: JobConfig) -
     """Where the last orchestrator of this run stopped: its state file, else the run's own tags.
 
     Returns the experiment, the stream state and how many seconds ago the run began."""
-    run_id = str(config.run_id)
+    run_id = find_run(client, config)
     try:
         with outages_named():
             run = client.get_run(run_id)

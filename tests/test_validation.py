@@ -166,3 +166,9 @@ def test_a_typo_stops_the_cli_with_exit_2_and_no_run(tmp_path: Path) -> None:
         "config error: decode.temprature is not a config key; did you mean decode.temperature?"
     ]
     assert not store.exists()
+
+
+def test_a_host_names_its_own_default_model_and_the_command_line_still_wins() -> None:
+    assert composed(["host=kpro5"])["model"]["name"] == "qwen3_6_27b"
+    assert composed(["host=kpro5", "model=tiny_dense"])["model"]["name"] == "tiny_dense"
+    assert composed([])["model"]["name"] == "tiny_trained"  # make run: the local host, the embedded pair
