@@ -257,6 +257,8 @@ def collect(job: Job, outcome: Outcome) -> None:
         _apply_all(job)
     if not job.launched:
         return
+    with outages_named():
+        job.sink.send_recent_log(now=True)
     with tempfile.TemporaryDirectory() as tmp:
         events = Path(tmp) / EVENTS_FILE
         shutil.copyfile(job.mirror.path, events)

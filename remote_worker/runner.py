@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import traceback
 from pathlib import Path
@@ -22,6 +23,10 @@ def run(spec_path: Path) -> int:
     if "CUDA_VISIBLE_DEVICES" in os.environ:  # the GPU lease the supervisor took for this worker
         start["cuda_visible_devices"] = os.environ["CUDA_VISIBLE_DEVICES"]
     log.emit("start", start)
+    forwarding = LogEvents(log)
+    logging.getLogger().addHandler(forwarding)
+    logging.getLogger("remote_worker").setLevel(logging.INFO)
+    logging.captureWarnings(True)  # a library's warnings.warn (a deprecated argument, a slow path) too
     try:
         spec = load_spec(spec_path)
         log.emit("env", environment_tags(probe_environment()))
@@ -46,6 +51,24 @@ def run(spec_path: Path) -> int:
     log.emit("end", {"status": "FINISHED", "summary": summary})
     log.close()
     return 0
+
+
+class LogEvents(logging.Handler):
+    """Python logging as `log` events: the worker's own INFO lines (what it is loading, how long it took) and
+    every library's warnings, so they reach the terminal and the run's live `worker_log.txt` in MLflow."""
+
+    def __init__(self, log: EventLog) -> None:
+        super().__init__(logging.INFO)
+        self.log = log
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno < logging.WARNING and not record.name.startswith("remote_worker"):
+            return
+        try:
+            level = "" if record.levelno == logging.INFO else f"{record.levelname.lower()}: "
+            self.log.emit("log", {"message": f"{level}{record.getMessage()}"[:2000], "logger": record.name})
+        except Exception:  # noqa: BLE001 - a log line must never take the run down
+            self.handleError(record)
 
 
 def _failed(log: EventLog, run_dir: Path, exc: BaseException) -> int:

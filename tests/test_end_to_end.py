@@ -251,7 +251,12 @@ def test_decode_sweep_lands_as_child_runs(mlflow_server: MlflowServer, job_paths
     assert metrics["best.speedup_vs_ar"] == metrics[f"{tags['best.method']}.speedup_vs_ar"]
     assert "| ddtree_tb32 |" in tags["mlflow.note.content"] and "Best: **" in tags["mlflow.note.content"]
     assert run.info.run_name.startswith("tiny_trained T=0 · ")
-    assert {"summary.md", "summary.csv", "generations_table.json"} <= {a.path for a in client.list_artifacts(run_id)}
+    assert {"summary.md", "summary.csv", "generations_table.json", "worker_log.txt"} <= {
+        a.path for a in client.list_artifacts(run_id)
+    }
+    assert "loaded tiny_trained (float32, cpu) and its draft in" in download_text(
+        client, run_id, "worker_log.txt", tmp_path
+    )
     table = json.loads(download_text(client, run_id, "generations_table.json", tmp_path))
     assert len(table["data"]) == 2 * 4 and "output" in table["columns"]
     children = client.search_runs([run.info.experiment_id], f"tags.mlflow.parentRunId = '{run_id}'")

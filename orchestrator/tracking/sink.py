@@ -20,7 +20,8 @@ from __future__ import annotations
 import posixpath
 import re
 import tempfile
-from collections import defaultdict
+import time
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,10 @@ LAST_SEQ_TAG = tags.LAST_SEQ
 OFFSET_TAG = tags.OFFSET
 DETACHED_TAG = tags.DETACHED
 
+
+RECENT_LOG_FILE = "worker_log.txt"
+RECENT_LOG_LINES = 200
+RECENT_LOG_EVERY_S = 10.0
 
 # What MLflow accepts as a metric or param name, and what a child run's name may be here (it is quoted in a
 # search filter, so no quotes): anything else from the worker is a warning, never a request MLflow refuses.
@@ -81,6 +86,9 @@ class MlflowSink:
         self.warnings: list[str] = []
         self._unsent_warnings = False
         self._params_sent: dict[str, dict[str, str]] = defaultdict(dict)  # run → key → value, this process
+        self.recent_log: deque[str] = deque(maxlen=RECENT_LOG_LINES)  # the worker's last log lines
+        self._recent_log_changed = False
+        self._recent_log_sent_at = 0.0
         self._pending: dict[str, _Pending] = defaultdict(_Pending)
 
     # -- the public surface ---------------------------------------------------------------------------
@@ -108,6 +116,7 @@ class MlflowSink:
             if self.warnings:
                 self._pending[self.state.run_id].tags[tags.EVENT_LOG_WARNINGS] = self._warnings_tag()
             self._flush()
+            self.send_recent_log()
             cursor = [RunTag(tags.LAST_SEQ, str(last_seq)), RunTag(tags.OFFSET, str(offset))]
             self.client.log_batch(self.state.run_id, tags=cursor)
         finally:
@@ -116,6 +125,19 @@ class MlflowSink:
         self.state.last_seq, self.state.offset = last_seq, offset
         self.store.save(self.state)
         return fresh
+
+    def send_recent_log(self, *, now: bool = False) -> None:
+        """Replace the job's `worker_log.txt` artifact with the worker's recent log lines, at most every
+        RECENT_LOG_EVERY_S (MLflow cannot append to an artifact, so the file is rewritten whole)."""
+        if not self._recent_log_changed or (
+            not now and time.monotonic() - self._recent_log_sent_at < RECENT_LOG_EVERY_S
+        ):
+            return
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / RECENT_LOG_FILE
+            path.write_text("\n".join(self.recent_log) + "\n", encoding="utf-8")
+            self.client.log_artifact(self.state.run_id, str(path))
+        self._recent_log_changed, self._recent_log_sent_at = False, time.monotonic()
 
     def record_warnings(self, lines: list[str]) -> None:
         """Warnings found outside the sink (malformed lines of the log), for the run's warning tag."""
@@ -176,7 +198,10 @@ class MlflowSink:
         elif event.kind == "end":
             self.end = data
             pending.tags[tags.WORKER_STATUS] = str(data.get("status", "unknown"))
-        # `log` lines are for the terminal; they stay in events.jsonl, which is logged at the end.
+        elif event.kind == "log":
+            when = time.strftime("%H:%M:%S", time.localtime(event.t))
+            self.recent_log.append(f"{when} {event.scope + ': ' if event.scope else ''}{data.get('message', '')}")
+            self._recent_log_changed = True
 
     def _run_for(self, scope: str | None) -> str:
         if scope is None:

@@ -11,7 +11,9 @@ method's output; `decode_summary.json` carries what the orchestrator plots.
 from __future__ import annotations
 
 import json
+import logging
 import statistics
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,7 @@ from remote_worker.prompt_set import DEFAULT_PROMPTS, Prompt, load_prompt_file
 from remote_worker.prompts import decode_text, encode
 from remote_worker.spec import Spec
 
+LOG = logging.getLogger(__name__)
 SUMMARY_FILE = "decode_summary.json"
 GENERATIONS_FILE = "generations.jsonl"
 
@@ -74,9 +77,14 @@ def encode_all(
 
 def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     log.progress("setup", 0, 2, f"loading {spec.model.name} and its draft")
+    started = time.perf_counter()
     model = load_model(spec.model, spec.seed)
     target = TargetModel(model)
     drafter = load_drafter(spec.model, spec.seed, model)
+    LOG.info(
+        "loaded %s (%s, %s) and its draft in %.1f s",
+        spec.model.name, str(target.dtype).removeprefix("torch."), target.device, time.perf_counter() - started,
+    )  # fmt: skip
     if spec.decode.get("block_size"):
         drafter.block_size = int(spec.decode["block_size"])
     tokenizer = load_tokenizer(spec.model)
