@@ -117,6 +117,9 @@ def run_command(config: JobConfig, console: Console, transport_for: TransportFac
         end_unstarted_job(client, run_id, reason)
         console.print(f"[yellow]job #{sweep.job_num} not started: {reason}[/yellow]")
         return RunStatus.KILLED.exit_code
+    if sweep is not None:
+        varying = " ".join(f"{k}={v}" for k, v in _swept_values().items()) or "the grid's defaults"
+        console.print(f"[bold]sweep job #{sweep.job_num}[/bold] ({varying})")
     state = StreamState(run_id=run_id, host=config.host.name, run_dir=run_dir_for(config.host.workdir, run_id))
     store.lock(run_id)
     return _follow(config, console, client, store, transport_for(config), experiment_id, state, _launch_body, sweep)

@@ -236,6 +236,11 @@ def _write_summary(
 ) -> None:
     document = {
         "model": spec.model.name,
+        "dtype": str(comparison.dtype).removeprefix("torch."),
+        "device": str(spec.model.device),
+        "temperature": float(spec.decode.get("temperature", 0.0)),
+        "block_size": spec.decode.get("block_size"),
+        "repeats": int(spec.decode.get("repeats", 1)),
         "methods": [{"scope": m.scope, "method": m.name, "tree_budget": m.budget, **summary[m.scope]} for m in methods],
         "acceptance_lengths": {scope: t.acceptance_lengths for scope, t in comparison.tallies.items()},
     }
