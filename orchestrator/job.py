@@ -28,7 +28,7 @@ from orchestrator.display import LiveProgress
 from orchestrator.errors import HostLost, Interrupted, LocalFailure, PhaseFailed
 from orchestrator.events import EVENTS_FILE
 from orchestrator.follow import Applier, Follower, FollowSettings, Reconnect
-from orchestrator.job_summary import generation_rows, summarize
+from orchestrator.job_summary import generation_rows, prompt_dataset, summarize
 from orchestrator.launch import STDERR_FILE, WorkerStatus, start_worker, stop_worker, worker_status, write_spec
 from orchestrator.mirror import EventMirror
 from orchestrator.plots import SUMMARY_FILE, plot_decode_summary
@@ -267,6 +267,8 @@ def collect(job: Job, outcome: Outcome) -> None:
             local = Path(tmp) / name
             if _fetch(job, name, local):
                 _log_file(job, local)
+                if name == RUN_PROMPTS_FILE:
+                    _log_prompt_set(job, local)
                 if name == STDERR_FILE:
                     text = local.read_text(encoding="utf-8", errors="replace")
                     job.stderr_tail = text.splitlines()[-STDERR_TAIL_LINES:]
@@ -303,6 +305,17 @@ def _describe(job: Job, summary: Path, tmp: Path) -> None:
             raise
         except Exception as exc:  # noqa: BLE001 - the table is an extra; generations.jsonl is logged anyway
             job.live.note(f"[yellow]generations table not logged: {type(exc).__name__}: {short_reason(exc)}[/]")
+
+
+def _log_prompt_set(job: Job, path: Path) -> None:
+    name = str(job.config.worker_sections["experiment"].get("prompts") or "prompts")
+    try:
+        with outages_named():
+            job.client.log_inputs(job.state.run_id, datasets=[prompt_dataset(path, name)])
+    except TrackingUnavailable:
+        raise
+    except Exception as exc:  # noqa: BLE001 - an extra: the prompt file itself is logged already
+        job.live.note(f"[yellow]prompt set not logged as a dataset: {type(exc).__name__}: {short_reason(exc)}[/]")
 
 
 def _log_file(job: Job, path: Path, folder: str | None = None) -> None:

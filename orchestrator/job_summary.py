@@ -109,3 +109,24 @@ def _cell(method: dict[str, Any], key: str | tuple[str, ...], form: str) -> str:
         return ""
     keys = key if isinstance(key, tuple) else (key,)
     return form.format(*(method[k] for k in keys))
+
+
+def prompt_dataset(path: Path, name: str) -> Any:
+    """The run's prompt set as an MLflow dataset input (the UI lists it under the run's Datasets): its name,
+    a digest of the exact file, where it came from, and how many prompts it holds."""
+    import hashlib
+
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    data = path.read_bytes()
+    rows = [line for line in data.decode("utf-8", errors="replace").splitlines() if line.strip()]
+    schema = {"mlflow_colspec": [{"name": "id", "type": "string"}, {"name": "messages", "type": "string"}]}
+    dataset = Dataset(
+        name=name,
+        digest=hashlib.sha256(data).hexdigest()[:12],
+        source_type="local",
+        source=json.dumps({"uri": name}),
+        schema=json.dumps(schema),
+        profile=json.dumps({"num_rows": len(rows)}),
+    )
+    return DatasetInput(dataset=dataset, tags=[InputTag(key="mlflow.data.context", value="prompts")])

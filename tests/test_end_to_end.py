@@ -257,6 +257,8 @@ def test_decode_sweep_lands_as_child_runs(mlflow_server: MlflowServer, job_paths
     assert "loaded tiny_trained (float32, cpu) and its draft in" in download_text(
         client, run_id, "worker_log.txt", tmp_path
     )
+    inputs = run.inputs.dataset_inputs
+    assert [(d.dataset.name, json.loads(d.dataset.profile)["num_rows"]) for d in inputs] == [("humaneval", 164)]
     table = json.loads(download_text(client, run_id, "generations_table.json", tmp_path))
     assert len(table["data"]) == 2 * 4 and "output" in table["columns"]
     children = client.search_runs([run.info.experiment_id], f"tags.mlflow.parentRunId = '{run_id}'")
