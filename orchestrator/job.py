@@ -289,7 +289,8 @@ def _describe(job: Job, summary: Path, tmp: Path) -> None:
     as an MLflow table (one row per prompt and method)."""
     decode = job.config.worker_sections["decode"]
     model = job.config.worker_sections["model"]
-    title = f"{job.config.model_name} · {model.get('dtype')} · T={decode.get('temperature')} · {job.host_label}"
+    temperature = float(decode.get("temperature", 0))
+    title = f"{job.config.model_name} · {model.get('dtype')} · T={temperature:g} · {job.host_label}"
     rendered = summarize(json.loads(summary.read_text(encoding="utf-8")), title)
     with outages_named():
         job.client.set_tag(job.state.run_id, tags.NOTE, rendered.markdown)
