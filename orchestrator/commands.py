@@ -41,10 +41,12 @@ def find_run(client: MlflowClient, config: JobConfig) -> str:
     if len(reference) == 32:
         return reference
     runs = host_runs(client, config.host.name)
-    if reference == "last":
-        if not runs:
+    if reference == "last":  # attach and cancel mean the newest one still running, if there is one
+        running = [r for r in runs if r.info.status == "RUNNING"]
+        chosen = running if running and config.command.value in ("attach", "cancel") else runs
+        if not chosen:
             raise ConfigError(f"no run of host {config.host.name} in this tracking store")
-        return runs[0].info.run_id
+        return chosen[0].info.run_id
     matches = [r.info.run_id for r in runs if r.info.run_id.startswith(reference)]
     if not matches:
         raise ConfigError(f"no run of host {config.host.name} has an id starting with {reference}")
@@ -147,23 +149,25 @@ def print_logs(
     stderr_at = events_at = 0
     stderr_path, events_path = posixpath.join(run_dir, STDERR_FILE), posixpath.join(run_dir, EVENTS_FILE)
     while True:
-        stderr = transport.read_bytes(stderr_path, stderr_at, 1 << 20)
-        end = stderr.rfind(b"\n") + 1 if follow else len(stderr)
-        for line in stderr[:end].decode(errors="replace").splitlines():
-            console.print(f"stderr  {line}", markup=False, highlight=False, soft_wrap=True)
-        stderr_at += end
-        chunk = transport.read_bytes(events_path, events_at, 4 << 20)
-        events, _bad, consumed = parse_chunk(chunk, events_at)
-        events_at += consumed
-        for event in events:
-            data = event.data if isinstance(event.data, dict) else {"message": event.data}
-            if event.kind in ("log", "traceback"):
-                when = time.strftime("%H:%M:%S", time.localtime(event.t))
-                text = data.get("message") or data.get("error") or ""
-                console.print(f"{when} {event.kind:<9} {text}", markup=False, highlight=False, soft_wrap=True)
-        if not follow:
-            return 0
-        if not stderr and not chunk and not worker_status(transport, run_dir).alive:
+        gone = follow and not worker_status(transport, run_dir).alive  # asked first: what follows is all
+        while True:  # everything written so far (whole lines while the worker may still add to them)
+            stderr = transport.read_bytes(stderr_path, stderr_at, 1 << 20)
+            end = stderr.rfind(b"\n") + 1 if follow and not gone else len(stderr)
+            for line in stderr[:end].decode(errors="replace").splitlines():
+                console.print(f"stderr  {line}", markup=False, highlight=False, soft_wrap=True)
+            stderr_at += end
+            chunk = transport.read_bytes(events_path, events_at, 4 << 20)
+            events, _bad, consumed = parse_chunk(chunk, events_at)
+            events_at += consumed
+            for event in events:
+                data = event.data if isinstance(event.data, dict) else {"message": event.data}
+                if event.kind in ("log", "traceback"):
+                    when = time.strftime("%H:%M:%S", time.localtime(event.t))
+                    text = data.get("message") or data.get("error") or ""
+                    console.print(f"{when} {event.kind:<9} {text}", markup=False, highlight=False, soft_wrap=True)
+            if end == 0 and consumed == 0:
+                break
+        if not follow or gone:
             return 0
         check_interrupt()
         time.sleep(poll_interval_s)

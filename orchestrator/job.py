@@ -29,7 +29,15 @@ from orchestrator.errors import HostLost, Interrupted, LocalFailure, PhaseFailed
 from orchestrator.events import EVENTS_FILE
 from orchestrator.follow import Applier, Follower, FollowSettings, Reconnect
 from orchestrator.job_summary import generation_rows, prompt_dataset, summarize
-from orchestrator.launch import STDERR_FILE, WorkerStatus, start_worker, stop_worker, worker_status, write_spec
+from orchestrator.launch import (
+    SPEC_FILE,
+    STDERR_FILE,
+    WorkerStatus,
+    start_worker,
+    stop_worker,
+    worker_status,
+    write_spec,
+)
 from orchestrator.mirror import EventMirror
 from orchestrator.plots import SUMMARY_FILE, plot_decode_summary
 from orchestrator.preflight import PreflightFailed, lease_candidates, run_preflight, workdir_problem
@@ -48,6 +56,7 @@ from remote_worker.prompt_set import RUN_PROMPTS_FILE
 
 STDERR_TAIL_LINES = 20
 GENERATIONS_FILE = "generations.jsonl"  # written by experiment=ddtree_gdn, one row per prompt
+GENERATIONS_TABLE = "generations_table.json"
 
 
 @dataclass
@@ -257,8 +266,13 @@ def collect(job: Job, outcome: Outcome) -> None:
         _apply_all(job)
     if not job.launched:
         return
-    with outages_named():
-        job.sink.send_recent_log(now=True)
+    try:
+        with outages_named():
+            job.sink.send_recent_log(now=True)
+    except TrackingUnavailable:
+        raise
+    except Exception as exc:  # noqa: BLE001 - an extra: events.jsonl holds every line anyway
+        job.live.note(f"[yellow]worker_log.txt not logged: {type(exc).__name__}: {short_reason(exc)}[/yellow]")
     with tempfile.TemporaryDirectory() as tmp:
         events = Path(tmp) / EVENTS_FILE
         shutil.copyfile(job.mirror.path, events)
@@ -276,32 +290,38 @@ def collect(job: Job, outcome: Outcome) -> None:
         if outcome.status is RunStatus.FINISHED and _fetch(job, SUMMARY_FILE, summary):
             try:
                 figures = plot_decode_summary(summary, Path(tmp))
-                _describe(job, summary, Path(tmp))
             except Exception as exc:  # noqa: BLE001 - a summary the plots cannot read is the worker's to fix
                 job.live.note(f"[yellow]no plots: {SUMMARY_FILE} could not be read ({type(exc).__name__}: {exc})[/]")
                 figures = []
             for figure in figures:
                 _log_file(job, figure, "plots")
+            try:
+                _describe(job, summary, Path(tmp))
+            except TrackingUnavailable:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the description is an extra; the metrics are in
+                job.live.note(f"[yellow]no description: {type(exc).__name__}: {short_reason(exc)}[/yellow]")
 
 
 def _describe(job: Job, summary: Path, tmp: Path) -> None:
     """The job's page answers the comparison: the table as its description and as files, the generations
     as an MLflow table (one row per prompt and method)."""
-    decode = job.config.worker_sections["decode"]
-    model = job.config.worker_sections["model"]
-    temperature = float(decode.get("temperature", 0))
-    title = f"{job.config.model_name} · {model.get('dtype')} · T={temperature:g} · {job.host_label}"
-    rendered = summarize(json.loads(summary.read_text(encoding="utf-8")), title)
+    document = json.loads(summary.read_text(encoding="utf-8"))  # the run's own settings, also on attach
+    temperature = float(document.get("temperature") or 0)
+    title = f"{document.get('model')} · {document.get('dtype')} · T={temperature:g} · {job.host_label}"
+    rendered = summarize(document, title)
     with outages_named():
         job.client.set_tag(job.state.run_id, tags.NOTE, rendered.markdown)
     for name, text in (("summary.md", rendered.markdown), ("summary.csv", rendered.csv)):
         (tmp / name).write_text(text, encoding="utf-8")
         _log_file(job, tmp / name)
     generations = tmp / GENERATIONS_FILE
-    if _fetch(job, GENERATIONS_FILE, generations):
+    with outages_named():
+        logged = {a.path for a in job.client.list_artifacts(job.state.run_id)}
+    if GENERATIONS_TABLE not in logged and _fetch(job, GENERATIONS_FILE, generations):  # log_table appends
         try:
             with outages_named():
-                job.client.log_table(job.state.run_id, generation_rows(generations), "generations_table.json")
+                job.client.log_table(job.state.run_id, generation_rows(generations), GENERATIONS_TABLE)
         except TrackingUnavailable:
             raise
         except Exception as exc:  # noqa: BLE001 - the table is an extra; generations.jsonl is logged anyway
@@ -309,7 +329,10 @@ def _describe(job: Job, summary: Path, tmp: Path) -> None:
 
 
 def _log_prompt_set(job: Job, path: Path) -> None:
-    name = str(job.config.worker_sections["experiment"].get("prompts") or "prompts")
+    spec = Path(path).with_name(SPEC_FILE)  # the run's own choice (on attach, the command's config may differ)
+    name = "prompts"
+    if _fetch(job, SPEC_FILE, spec):
+        name = str(json.loads(spec.read_text(encoding="utf-8")).get("experiment", {}).get("prompts") or name)
     try:
         with outages_named():
             job.client.log_inputs(job.state.run_id, datasets=[prompt_dataset(path, name)])

@@ -210,8 +210,10 @@ def resolve_config(cfg: DictConfig) -> dict[str, Any]:
         if isinstance(run_ref, int) and not isinstance(run_ref, bool):
             run_ref = container[key] = str(run_ref)  # an all-digit prefix reads as a number
         if run_ref is not None and not (isinstance(run_ref, str) and RUN_REF.fullmatch(run_ref)):
+            quote = f" (a prefix such as 3e8 reads as a number: quote it, {key}=\"'3e8'\")" * isinstance(run_ref, float)
             raise ConfigError(
                 f"{key}={run_ref!r} must name a run: its MLflow run id, a unique prefix of it (hexadecimal), or last"
+                + quote
             )
     pool = _get(container, "sweep.hosts")
     if not isinstance(pool, list) or not all(isinstance(name, str) and name for name in pool):

@@ -58,7 +58,7 @@ def test_valid_choices_and_plain_keys_pass() -> None:
         ("experiment.name=nope", "experiment.name='nope' is not one of: ddtree_gdn, probe"),
         ("decode.tree_budgets=[16,0]", "decode.tree_budgets=[16, 0] must be a non-empty list of positive integers"),
         ("decode.block_size=1", "decode.block_size=1 must be an integer >= 2"),
-        ("attach=abc", "attach='abc' must be an MLflow run id (32 hexadecimal characters)"),
+        ("attach=xyz", "attach='xyz' must name a run: its MLflow run id, a unique prefix of it (hexadecimal), or last"),
     ],
 )
 def test_bad_values_give_one_line_naming_the_key(override: str, message: str) -> None:

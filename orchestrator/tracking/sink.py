@@ -87,6 +87,7 @@ class MlflowSink:
         self._unsent_warnings = False
         self._params_sent: dict[str, dict[str, str]] = defaultdict(dict)  # run → key → value, this process
         self.recent_log: deque[str] = deque(maxlen=RECENT_LOG_LINES)  # the worker's last log lines
+        self._pending_log: list[str] = []
         self._recent_log_changed = False
         self._recent_log_sent_at = 0.0
         self._pending: dict[str, _Pending] = defaultdict(_Pending)
@@ -116,11 +117,14 @@ class MlflowSink:
             if self.warnings:
                 self._pending[self.state.run_id].tags[tags.EVENT_LOG_WARNINGS] = self._warnings_tag()
             self._flush()
-            self.send_recent_log()
             cursor = [RunTag(tags.LAST_SEQ, str(last_seq)), RunTag(tags.OFFSET, str(offset))]
             self.client.log_batch(self.state.run_id, tags=cursor)
         finally:
             self._pending.clear()
+            new_log_lines, self._pending_log = self._pending_log, []
+        if fresh and new_log_lines:  # taken once the batch is: a batch sent again adds no line twice
+            self.recent_log.extend(new_log_lines)
+            self._recent_log_changed = True
         self._unsent_warnings = False
         self.state.last_seq, self.state.offset = last_seq, offset
         self.store.save(self.state)
@@ -128,7 +132,9 @@ class MlflowSink:
 
     def send_recent_log(self, *, now: bool = False) -> None:
         """Replace the job's `worker_log.txt` artifact with the worker's recent log lines, at most every
-        RECENT_LOG_EVERY_S (MLflow cannot append to an artifact, so the file is rewritten whole)."""
+        RECENT_LOG_EVERY_S (MLflow cannot append to an artifact, so the file is rewritten whole).
+
+        Outside any batch: an extra that fails raises for the caller to report, never undoes a batch."""
         if not self._recent_log_changed or (
             not now and time.monotonic() - self._recent_log_sent_at < RECENT_LOG_EVERY_S
         ):
@@ -200,8 +206,7 @@ class MlflowSink:
             pending.tags[tags.WORKER_STATUS] = str(data.get("status", "unknown"))
         elif event.kind == "log":
             when = time.strftime("%H:%M:%S", time.localtime(event.t))
-            self.recent_log.append(f"{when} {event.scope + ': ' if event.scope else ''}{data.get('message', '')}")
-            self._recent_log_changed = True
+            self._pending_log.append(f"{when} {event.scope + ': ' if event.scope else ''}{data.get('message', '')}")
 
     def _run_for(self, scope: str | None) -> str:
         if scope is None:

@@ -134,8 +134,9 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     headline, best = headline_metrics(summary)
     log.emit("metrics", headline, step=0)  # the job's own run answers the comparison on its page
     if best is not None:
-        log.emit("tags", {"best.method": best, "best.tree_budget": str(_budget_of(methods, best))})
-    _write_summary(spec, methods, summary, comparison)
+        budget = _budget_of(methods, best)
+        log.emit("tags", {"best.method": best, **({"best.tree_budget": str(budget)} if budget else {})})
+    _write_summary(spec, methods, summary, comparison, str(target.device), drafter.block_size)
     log.emit("artifact", {"path": SUMMARY_FILE})
     log.emit("artifact", {"path": GENERATIONS_FILE})
     return _terminal_summary(summary)
@@ -232,14 +233,19 @@ def _generation_row(
 
 
 def _write_summary(
-    spec: Spec, methods: list[Method], summary: dict[str, dict[str, float]], comparison: Comparison
+    spec: Spec,
+    methods: list[Method],
+    summary: dict[str, dict[str, float]],
+    comparison: Comparison,
+    device: str,
+    block_size: int,
 ) -> None:
     document = {
         "model": spec.model.name,
         "dtype": str(comparison.dtype).removeprefix("torch."),
-        "device": str(spec.model.device),
+        "device": device,
         "temperature": float(spec.decode.get("temperature", 0.0)),
-        "block_size": spec.decode.get("block_size"),
+        "block_size": block_size,
         "repeats": int(spec.decode.get("repeats", 1)),
         "methods": [{"scope": m.scope, "method": m.name, "tree_budget": m.budget, **summary[m.scope]} for m in methods],
         "acceptance_lengths": {scope: t.acceptance_lengths for scope, t in comparison.tallies.items()},
