@@ -26,7 +26,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 
 from orchestrator import tags
-from orchestrator.commands import list_runs
+from orchestrator.commands import find_run, list_runs, print_logs
 from orchestrator.display import LiveProgress, summary_table
 from orchestrator.errors import HostLost, Interrupted, LocalFailure, PhaseFailed
 from orchestrator.gitinfo import git_info
@@ -76,6 +76,8 @@ def _run_job(cfg: DictConfig) -> int:
     _keep_hydra_files_secret()
     console = Console()
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)  # its errors come back to us as exceptions
+    for chatty in ("alembic", "mlflow", "urllib3"):  # a local store's migrations, retries we report ourselves
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     try:
         config = validate(assign_host(cfg))
     except ConfigError as exc:
@@ -108,11 +110,16 @@ def run_command(config: JobConfig, console: Console, transport_for: TransportFac
     sweep = current_sweep(config.fail_fast)
     job_tags = {tags.PARENT_RUN_ID: sweep.parent_run_id, tags.SWEEP_JOB: str(sweep.job_num)} if sweep else {}
     with outages_named():
-        experiment_id, run_id = create_job_run(client, config, _task_overrides(), git_info(), job_tags)
+        experiment_id, run_id = create_job_run(
+            client, config, _task_overrides(), git_info(), job_tags, _swept_values() if sweep else None
+        )
     if sweep is not None and (reason := sweep.cancelled()) is not None:
         end_unstarted_job(client, run_id, reason)
         console.print(f"[yellow]job #{sweep.job_num} not started: {reason}[/yellow]")
         return RunStatus.KILLED.exit_code
+    if sweep is not None:
+        varying = " ".join(f"{k}={v}" for k, v in _swept_values().items()) or "the grid's defaults"
+        console.print(f"[bold]sweep job #{sweep.job_num}[/bold] ({varying})")
     state = StreamState(run_id=run_id, host=config.host.name, run_dir=run_dir_for(config.host.workdir, run_id))
     store.lock(run_id)
     return _follow(config, console, client, store, transport_for(config), experiment_id, state, _launch_body, sweep)
@@ -129,6 +136,8 @@ def attach_command_(config: JobConfig, console: Console, transport_for: Transpor
             "stop that one first"
         )
     transport = transport_for(config)
+    if (code := _reach(config, transport)) is not None:
+        return code
     return _follow(config, console, client, store, transport, experiment_id, state, _attach_body, None, started_s_ago)
 
 
@@ -138,10 +147,24 @@ def cancel_command(config: JobConfig, console: Console, transport_for: Transport
     store = open_state(config)
     experiment_id, state, _ = attached_state(client, store, config)
     transport = transport_for(config)
+    if (code := _reach(config, transport)) is not None:
+        return code
     if store.lock(state.run_id) is None:  # someone follows it: stop the worker, the follower ends the run
         return _stop_followed(config, console, transport, state, store.holder(state.run_id))
     # (the lock is let go by _follow, when this command is done with the run)
     return _follow(config, console, client, store, transport, experiment_id, state, _cancel_body, None)
+
+
+def _reach(config: JobConfig, transport: Transport) -> int | None:
+    """Connect before touching a run that lives on the host: out of reach is one line (as a run's connect
+    failure) and the run is left exactly as it was; None when connected."""
+    try:
+        transport.open()
+    except Exception as exc:  # noqa: BLE001 - ConnectFailed, HostKeyRefused, a socket error: all one line
+        print(f"{config.host.name}: {exc}", file=sys.stderr)
+        transport.close()
+        return RunStatus.FAILED.exit_code
+    return None
 
 
 def _stop_followed(config: JobConfig, console: Console, transport: Transport, state: StreamState, pid: str) -> int:
@@ -160,11 +183,40 @@ def _stop_followed(config: JobConfig, console: Console, transport: Transport, st
 
 
 def list_command(config: JobConfig, console: Console, transport_for: TransportFactory) -> int:
-    """The runs whose worker is alive on the host."""
+    """The runs whose worker is alive on the host; with list=all, every run of the host in MLflow too."""
+    try:
+        client: MlflowClient | None = open_tracking(config.tracking)
+    except TrackingUnavailable as exc:
+        if config.list_all:
+            raise
+        console.print(f"[yellow]{exc}: listing from the host alone[/yellow]")
+        client = None
     transport = transport_for(config)
     try:
         transport.open()
-        return list_runs(console, transport, config.host.raw)
+        return list_runs(console, transport, config, client)
+    except (TrackingUnavailable, ConfigError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - every connect failure is the same one line a run gives
+        print(f"{config.host.name}: {exc}", file=sys.stderr)
+        return RunStatus.FAILED.exit_code
+    finally:
+        transport.close()
+
+
+def logs_command(config: JobConfig, console: Console, transport_for: TransportFactory) -> int:
+    """The worker's stderr and log lines (follow=true: until the worker ends; Ctrl-C stops reading only)."""
+    run_id = str(config.run_id) if len(str(config.run_id)) == 32 else find_run(open_tracking(config.tracking), config)
+    transport = transport_for(config)
+    try:
+        transport.open()
+        with CtrlC(console) as ctrl_c:
+            return print_logs(
+                console, transport, run_dir_for(config.host.workdir, run_id), config.follow,
+                config.orchestrator.poll_interval_s, ctrl_c.check,
+            )  # fmt: skip
+    except KeyboardInterrupt:
+        return 0
     except Exception as exc:  # noqa: BLE001 - every connect failure is the same one line a run gives
         print(f"{config.host.name}: {exc}", file=sys.stderr)
         return RunStatus.FAILED.exit_code
@@ -177,6 +229,7 @@ COMMANDS = {
     Command.DETACH: run_command,
     Command.ATTACH: attach_command_,
     Command.CANCEL: cancel_command,
+    Command.LOGS: logs_command,
     Command.LIST: list_command,
 }
 
@@ -220,7 +273,7 @@ def attached_state(client: MlflowClient, store: StateStore, config: JobConfig) -
     """Where the last orchestrator of this run stopped: its state file, else the run's own tags.
 
     Returns the experiment, the stream state and how many seconds ago the run began."""
-    run_id = str(config.run_id)
+    run_id = find_run(client, config)
     try:
         with outages_named():
             run = client.get_run(run_id)
@@ -307,10 +360,12 @@ def _report(console: Console, job: Job, outcome: Outcome) -> int:
         console.print("[red]last lines of the worker's stderr:[/red]")
         for line in job.stderr_tail:
             console.print(f"  {line}", markup=False, highlight=False)
-    links = {"mlflow run": run_id, "url": run_url(job.client, job.experiment_id, run_id)}
+    links = {"mlflow run": run_id}
     if not job.client.tracking_uri.startswith("http"):
-        links["ui"] = "run `make ui` to serve the local store at that address"
+        links["ui"] = "`make ui` serves the local store at the address below"
     console.print(summary_table(outcome.status.value, outcome.error, job.summary, links))
+    # On a line of its own and never folded, so that it can be clicked or pasted whatever the width.
+    console.print(run_url(job.client, job.experiment_id, run_id), soft_wrap=True, markup=False, highlight=False)
     return outcome.status.exit_code
 
 
@@ -328,6 +383,18 @@ def _interrupt_check(ctrl_c: CtrlC, sweep: Sweep | None) -> Callable[[], None]:
 
 def _task_overrides() -> list[str]:
     return list(HydraConfig.get().overrides.task)
+
+
+def _swept_values() -> dict[str, str]:
+    """This sweep job's values of the keys its grid varies (`hydra.sweeper.params`), for the run's name."""
+    hydra_cfg = HydraConfig.get()
+    swept = set((hydra_cfg.sweeper.get("params") or {}).keys())
+    values = {}
+    for override in hydra_cfg.overrides.task:
+        key, _, value = str(override).lstrip("+~").partition("=")
+        if key in swept:
+            values[key] = value
+    return values
 
 
 def _keep_hydra_files_secret() -> None:

@@ -5,7 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 from orchestrator.events import Event
@@ -25,6 +34,8 @@ class LiveProgress:
             MofNCompleteColumn(),
             TextColumn("{task.description}"),
             TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
             console=console,
             transient=False,
         )
@@ -50,10 +61,10 @@ class LiveProgress:
                 total=data.get("total"),
                 description=str(data.get("message", "")),
             )
-        elif event.kind == "log":
-            self.console.print(f"[dim]worker:[/dim] {data.get('message', '')}")
+        elif event.kind == "log":  # the worker's text is never read as markup (`[/INST]`, `[batch, seq]`)
+            self.console.print(f"[dim]worker:[/dim] {escape(str(data.get('message', '')))}")
         elif event.kind == "traceback":
-            self.console.print(f"[red]worker error:[/red] {data.get('error', '')}")
+            self.console.print(f"[red]worker error:[/red] {escape(str(data.get('error', '')))}")
 
     def note(self, message: str) -> None:
         self.console.print(message)

@@ -22,7 +22,7 @@ from orchestrator.launch import WorkerStatus, stop_worker, worker_status
 from orchestrator.mirror import EventMirror
 from orchestrator.ssh_transport import CONNECTION_ERRORS, HostKeyRefused
 from orchestrator.status import Stage
-from orchestrator.tracking.client import TrackingUnavailable, outages_named
+from orchestrator.tracking.client import TrackingUnavailable, outages_named, short_reason
 from orchestrator.tracking.sink import MlflowSink
 from orchestrator.transport import Transport
 
@@ -69,6 +69,14 @@ class Applier:
         self.down_since: float | None = None  # wall time, for the message
         self._next_try = 0.0
         self._delay = self.RETRY_MIN_S
+
+    def _send_recent_log(self) -> None:
+        try:
+            self.sink.send_recent_log()
+        except TrackingUnavailable:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a live extra; the events themselves are in
+            self.note(f"[yellow]worker_log.txt not updated: {type(exc).__name__}: {short_reason(exc)}[/yellow]")
 
     @property
     def waiting(self) -> int:

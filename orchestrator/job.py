@@ -9,6 +9,7 @@ in `app.py` (run, detach, attach, cancel) are the same recipe with a different b
 from __future__ import annotations
 
 import contextlib
+import json
 import posixpath
 import shutil
 import tempfile
@@ -27,7 +28,16 @@ from orchestrator.display import LiveProgress
 from orchestrator.errors import HostLost, Interrupted, LocalFailure, PhaseFailed
 from orchestrator.events import EVENTS_FILE
 from orchestrator.follow import Applier, Follower, FollowSettings, Reconnect
-from orchestrator.launch import STDERR_FILE, WorkerStatus, start_worker, stop_worker, worker_status, write_spec
+from orchestrator.job_summary import generation_rows, prompt_dataset, summarize
+from orchestrator.launch import (
+    SPEC_FILE,
+    STDERR_FILE,
+    WorkerStatus,
+    start_worker,
+    stop_worker,
+    worker_status,
+    write_spec,
+)
 from orchestrator.mirror import EventMirror
 from orchestrator.plots import SUMMARY_FILE, plot_decode_summary
 from orchestrator.preflight import PreflightFailed, lease_candidates, run_preflight, workdir_problem
@@ -45,6 +55,8 @@ from orchestrator.transport import CommandFailed, Transport
 from remote_worker.prompt_set import RUN_PROMPTS_FILE
 
 STDERR_TAIL_LINES = 20
+GENERATIONS_FILE = "generations.jsonl"  # written by experiment=ddtree_gdn, one row per prompt
+GENERATIONS_TABLE = "generations_table.json"
 
 
 @dataclass
@@ -108,12 +120,16 @@ def open_host(job: Job, *, leave_if_unreachable: bool = False) -> None:
         if leave_if_unreachable:
             raise HostLost(message) from exc
         raise PhaseFailed(Stage.CONNECT, message) from exc
+    if job.config.host.is_ssh:
+        job.live.note(f"connected to {job.host_label} ({job.config.host.raw.get('hostname')})")
 
 
 def preflight(job: Job) -> dict[str, Any]:
     host = job.config.host
     try:
-        return run_preflight(job.transport, host.raw, job.config.worker_sections["model"], _python(job))
+        report = run_preflight(job.transport, host.raw, job.config.worker_sections["model"], _python(job))
+        job.live.note(f"preflight: {_describe_host(report)}")
+        return report
     except PreflightFailed as exc:
         raise PhaseFailed(Stage.PREFLIGHT, str(exc)) from exc
     except CONNECTION_ERRORS as exc:
@@ -125,9 +141,21 @@ def sync(job: Job) -> str:
         code_dir, copied = job.transport.prepare_code(job.config.host.workdir, job.config.host.sync)
     except (CommandFailed, RuntimeError, *CONNECTION_ERRORS) as exc:
         raise PhaseFailed(Stage.SYNC, f"{job.host_label}: code sync failed: {exc}") from exc
-    if copied or job.config.host.is_ssh:
-        job.live.note(f"code snapshot {code_dir} ({'copied' if copied else 'already on the host'})")
+    if job.config.host.is_ssh:
+        job.live.note(f"code synced to {code_dir} ({'copied' if copied else 'cached: already on the host'})")
     return code_dir
+
+
+def _describe_host(report: dict[str, Any]) -> str:
+    """`python 3.12, torch 2.13, CUDA 12.8, 1× NVIDIA H200 (139 GiB free)`: what the run will use."""
+    gpus = report.get("gpus") or []
+    names = sorted({str(g.get("name")) for g in gpus})
+    if gpus:
+        free = ", ".join(f"{g.get('free_gib', 0):.0f}" for g in gpus)
+        devices = f"{len(gpus)}× {' / '.join(names)} ({free} GiB free)"
+    else:
+        devices = "no GPU"
+    return f"python {report.get('python')}, torch {report.get('torch')}, CUDA {report.get('cuda') or 'none'}, {devices}"
 
 
 def launch(job: Job, report: dict[str, Any], code_dir: str) -> None:
@@ -238,6 +266,13 @@ def collect(job: Job, outcome: Outcome) -> None:
         _apply_all(job)
     if not job.launched:
         return
+    try:
+        with outages_named():
+            job.sink.send_recent_log(now=True)
+    except TrackingUnavailable:
+        raise
+    except Exception as exc:  # noqa: BLE001 - an extra: events.jsonl holds every line anyway
+        job.live.note(f"[yellow]worker_log.txt not logged: {type(exc).__name__}: {short_reason(exc)}[/yellow]")
     with tempfile.TemporaryDirectory() as tmp:
         events = Path(tmp) / EVENTS_FILE
         shutil.copyfile(job.mirror.path, events)
@@ -246,6 +281,8 @@ def collect(job: Job, outcome: Outcome) -> None:
             local = Path(tmp) / name
             if _fetch(job, name, local):
                 _log_file(job, local)
+                if name == RUN_PROMPTS_FILE:
+                    _log_prompt_set(job, local)
                 if name == STDERR_FILE:
                     text = local.read_text(encoding="utf-8", errors="replace")
                     job.stderr_tail = text.splitlines()[-STDERR_TAIL_LINES:]
@@ -258,6 +295,51 @@ def collect(job: Job, outcome: Outcome) -> None:
                 figures = []
             for figure in figures:
                 _log_file(job, figure, "plots")
+            try:
+                _describe(job, summary, Path(tmp))
+            except TrackingUnavailable:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the description is an extra; the metrics are in
+                job.live.note(f"[yellow]no description: {type(exc).__name__}: {short_reason(exc)}[/yellow]")
+
+
+def _describe(job: Job, summary: Path, tmp: Path) -> None:
+    """The job's page answers the comparison: the table as its description and as files, the generations
+    as an MLflow table (one row per prompt and method)."""
+    document = json.loads(summary.read_text(encoding="utf-8"))  # the run's own settings, also on attach
+    temperature = float(document.get("temperature") or 0)
+    title = f"{document.get('model')} · {document.get('dtype')} · T={temperature:g} · {job.host_label}"
+    rendered = summarize(document, title)
+    with outages_named():
+        job.client.set_tag(job.state.run_id, tags.NOTE, rendered.markdown)
+    for name, text in (("summary.md", rendered.markdown), ("summary.csv", rendered.csv)):
+        (tmp / name).write_text(text, encoding="utf-8")
+        _log_file(job, tmp / name)
+    generations = tmp / GENERATIONS_FILE
+    with outages_named():
+        logged = {a.path for a in job.client.list_artifacts(job.state.run_id)}
+    if GENERATIONS_TABLE not in logged and _fetch(job, GENERATIONS_FILE, generations):  # log_table appends
+        try:
+            with outages_named():
+                job.client.log_table(job.state.run_id, generation_rows(generations), GENERATIONS_TABLE)
+        except TrackingUnavailable:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the table is an extra; generations.jsonl is logged anyway
+            job.live.note(f"[yellow]generations table not logged: {type(exc).__name__}: {short_reason(exc)}[/]")
+
+
+def _log_prompt_set(job: Job, path: Path) -> None:
+    spec = Path(path).with_name(SPEC_FILE)  # the run's own choice (on attach, the command's config may differ)
+    name = "prompts"
+    if _fetch(job, SPEC_FILE, spec):
+        name = str(json.loads(spec.read_text(encoding="utf-8")).get("experiment", {}).get("prompts") or name)
+    try:
+        with outages_named():
+            job.client.log_inputs(job.state.run_id, datasets=[prompt_dataset(path, name)])
+    except TrackingUnavailable:
+        raise
+    except Exception as exc:  # noqa: BLE001 - an extra: the prompt file itself is logged already
+        job.live.note(f"[yellow]prompt set not logged as a dataset: {type(exc).__name__}: {short_reason(exc)}[/]")
 
 
 def _log_file(job: Job, path: Path, folder: str | None = None) -> None:

@@ -18,6 +18,7 @@ class Command(str, Enum):
     DETACH = "detach"
     ATTACH = "attach"
     CANCEL = "cancel"
+    LOGS = "logs"
     LIST = "list"
 
 
@@ -60,7 +61,7 @@ class OrchestratorConfig:
 @dataclass(frozen=True)
 class JobConfig:
     command: Command
-    run_id: str | None  # for attach and cancel
+    run_id: str | None  # for attach, cancel and logs: a run id, a prefix of one, or `last` (see app.find_run)
     host: HostConfig
     tracking: TrackingConfig
     orchestrator: OrchestratorConfig
@@ -68,6 +69,8 @@ class JobConfig:
     model_name: str
     seed: int
     fail_fast: bool
+    follow: bool  # logs: keep printing until the worker ends
+    list_all: bool  # list: finished runs from MLflow too
     worker_sections: dict[str, Any]  # experiment, model, decode, probe: the spec's content
     resolved: dict[str, Any]  # the whole resolved config, for params and config.yaml (redacted there)
 
@@ -78,6 +81,8 @@ class JobConfig:
             command, run_id = Command.ATTACH, str(config["attach"])
         elif config["cancel"]:
             command, run_id = Command.CANCEL, str(config["cancel"])
+        elif config.get("logs"):
+            command, run_id = Command.LOGS, str(config["logs"])
         elif config["list"]:
             command, run_id = Command.LIST, None
         else:
@@ -115,6 +120,8 @@ class JobConfig:
             model_name=str(config["model"]["name"]),
             seed=int(config["seed"]),
             fail_fast=bool(config["sweep"]["fail_fast"]),
+            follow=bool(config.get("follow", False)),
+            list_all=config["list"] == "all",
             worker_sections={k: config[k] for k in ("experiment", "model", "decode", "probe")},
             resolved=config,
         )

@@ -28,6 +28,12 @@ WORKER_STATUS = "worker.status"
 MISSING_ARTIFACT_PREFIX = "missing_artifact."
 EVENT_LOG_WARNINGS = "event_log.warnings"
 
+# What the job's page shows: where the worker is, the summary table, the best drafting method.
+PROGRESS = "progress"
+NOTE = "mlflow.note.content"  # the run's description in the MLflow UI (Markdown)
+BEST_METHOD = "best.method"
+BEST_TREE_BUDGET = "best.tree_budget"
+
 # The orchestrator's own bookkeeping: where the stream stands, who follows the run.
 SCOPE = "orchestrator.scope"
 LAST_SEQ = "orchestrator.last_seq"

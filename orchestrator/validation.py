@@ -21,6 +21,7 @@ from remote_worker.prompt_set import PromptSetError
 from remote_worker.spec import DEVICES, DTYPES, EXPERIMENT_NAMES, MODEL_SOURCES
 
 HOST_KINDS = ("local", "ssh")
+RUN_REF = re.compile(r"last|[0-9a-f]{1,32}")
 TRACKING_SCHEMES = {"local": ("sqlite:///", "file:"), "server": ("http://", "https://")}
 
 
@@ -204,17 +205,25 @@ def resolve_config(cfg: DictConfig) -> dict[str, Any]:
         raise ConfigError(f"tracking.uri={uri!r} must start with {schemes} for tracking={kind}")
     if _number(container, "seed", minimum=0, integer=True) >= 2**64:
         raise ConfigError(f"seed={container['seed']} must be below 2**64 (a 64-bit seed)")
-    for key in ("attach", "cancel"):
-        run_id = _get(container, key)
-        if run_id is not None and not re.fullmatch(r"[0-9a-f]{32}", str(run_id)):
-            raise ConfigError(f"{key}={run_id!r} must be an MLflow run id (32 hexadecimal characters)")
+    for key in ("attach", "cancel", "logs"):
+        run_ref = _get(container, key)
+        if isinstance(run_ref, int) and not isinstance(run_ref, bool):
+            run_ref = container[key] = str(run_ref)  # an all-digit prefix reads as a number
+        if run_ref is not None and not (isinstance(run_ref, str) and RUN_REF.fullmatch(run_ref)):
+            quote = f" (a prefix such as 3e8 reads as a number: quote it, {key}=\"'3e8'\")" * isinstance(run_ref, float)
+            raise ConfigError(
+                f"{key}={run_ref!r} must name a run: its MLflow run id, a unique prefix of it (hexadecimal), or last"
+                + quote
+            )
     pool = _get(container, "sweep.hosts")
     if not isinstance(pool, list) or not all(isinstance(name, str) and name for name in pool):
         raise ConfigError(f"sweep.hosts={pool!r} must be a list of host config names (conf/host/)")
-    for key in ("detach", "list", "sweep.fail_fast"):
+    for key in ("detach", "follow", "sweep.fail_fast"):
         if not isinstance(_get(container, key), bool):
             raise ConfigError(f"{key} must be true or false")
-    chosen = [k for k in ("attach", "cancel", "list", "detach") if container[k] not in (None, False)]
+    if _get(container, "list") not in (True, False, "all"):
+        raise ConfigError(f"list={container['list']!r} must be true (active runs), all, or false")
+    chosen = [k for k in ("attach", "cancel", "logs", "list", "detach") if container[k] not in (None, False)]
     if len(chosen) > 1:
         raise ConfigError(f"{' and '.join(chosen)} cannot be combined: choose one")
     prefill = _number(container, "probe.prefill_tokens", minimum=2, integer=True)

@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 EVENTS_FILE = "events.jsonl"
-KINDS = frozenset({"start", "env", "params", "metrics", "progress", "log", "artifact", "traceback", "end"})
+KINDS = frozenset({"start", "env", "params", "tags", "metrics", "progress", "log", "artifact", "traceback", "end"})
 
 
 def _jsonable(value: Any) -> Any:
@@ -35,6 +36,7 @@ class EventLog:
         self.path = Path(run_dir) / EVENTS_FILE
         self._next_seq = self._count_existing()
         self._file = self.path.open("a", encoding="utf-8")
+        self._lock = threading.RLock()
 
     def _count_existing(self) -> int:
         if not self.path.exists():
@@ -51,7 +53,11 @@ class EventLog:
         step: int | None = None,
         t: float | None = None,
     ) -> int:
-        """Write one event and return its `seq`."""
+        """Write one event and return its `seq` (thread-safe: a library may log from its own thread)."""
+        with self._lock:
+            return self._emit(kind, data, scope=scope, step=step, t=t)
+
+    def _emit(self, kind: str, data: Any, *, scope: str | None, step: int | None, t: float | None) -> int:
         if kind not in KINDS:
             raise ValueError(f"unknown event kind {kind!r}; expected one of {sorted(KINDS)}")
         event: dict[str, Any] = {"seq": self._next_seq, "t": time.time() if t is None else t, "kind": kind}

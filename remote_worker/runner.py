@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import traceback
 from pathlib import Path
@@ -22,6 +23,22 @@ def run(spec_path: Path) -> int:
     if "CUDA_VISIBLE_DEVICES" in os.environ:  # the GPU lease the supervisor took for this worker
         start["cuda_visible_devices"] = os.environ["CUDA_VISIBLE_DEVICES"]
     log.emit("start", start)
+    forwarding = LogEvents(log)
+    # transformers' logger does not propagate to the root (outside CI), so it gets the handler itself.
+    loggers = [logging.getLogger(), logging.getLogger("transformers")]
+    for logger in loggers:
+        logger.addHandler(forwarding)
+    logging.getLogger("remote_worker").setLevel(logging.INFO)
+    logging.captureWarnings(True)  # a library's warnings.warn (a deprecated argument, a slow path) too
+    try:
+        return _run(spec_path, run_dir, log)
+    finally:
+        for logger in loggers:
+            logger.removeHandler(forwarding)
+        logging.captureWarnings(False)
+
+
+def _run(spec_path: Path, run_dir: Path, log: EventLog) -> int:
     try:
         spec = load_spec(spec_path)
         log.emit("env", environment_tags(probe_environment()))
@@ -46,6 +63,35 @@ def run(spec_path: Path) -> int:
     log.emit("end", {"status": "FINISHED", "summary": summary})
     log.close()
     return 0
+
+
+class LogEvents(logging.Handler):
+    """Python logging as `log` events: the worker's own INFO lines (what it is loading, how long it took) and
+    every library's warnings, so they reach the terminal and the run's live `worker_log.txt` in MLflow."""
+
+    REPEATS_SHOWN = 3  # the same message again after that is counted, not sent (a warning per token)
+
+    def __init__(self, log: EventLog) -> None:
+        super().__init__(logging.INFO)
+        self.log = log
+        self.seen: dict[str, int] = {}
+        self._last: logging.LogRecord | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record is self._last or (record.levelno < logging.WARNING and not record.name.startswith("remote_worker")):
+            return  # (a transformers record that also propagates to the root reaches this handler twice)
+        self._last = record
+        message = record.getMessage()
+        self.seen[message] = self.seen.get(message, 0) + 1
+        if self.seen[message] > self.REPEATS_SHOWN:
+            return
+        if self.seen[message] == self.REPEATS_SHOWN:
+            message += " (repeated; further repeats are not logged)"
+        try:
+            level = "" if record.levelno == logging.INFO else f"{record.levelname.lower()}: "
+            self.log.emit("log", {"message": f"{level}{message}"[:2000], "logger": record.name})
+        except Exception:  # noqa: BLE001 - a log line must never take the run down
+            self.handleError(record)
 
 
 def _failed(log: EventLog, run_dir: Path, exc: BaseException) -> int:

@@ -9,6 +9,7 @@ metric is one row per key, timestamp, step and value) and can be taken down and 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import posixpath
 import re
@@ -175,6 +176,9 @@ class FakeHost:
             elif script == "status":
                 self._look()
                 out = self._status()
+            elif script == "ls":  # the run folders under $1
+                prefix = argv[4].rstrip("/") + "/"
+                out = "\n".join(sorted({p[len(prefix) :].split("/")[0] for p in self.files if p.startswith(prefix)}))
             elif script == "workdir-check":
                 out = "checked /\nfree_kib 100000000\nwritable\n"
             else:
@@ -250,6 +254,7 @@ class FakeRun:
             experiment_id=self.experiment_id,
             status=self.status,
             start_time=self.start_time,
+            end_time=None if self.status == "RUNNING" else self.start_time + 60_000,
             run_name=self.name,
         )
         latest = {key: value for key, _, _, value in sorted(self.metrics)}
@@ -286,9 +291,9 @@ class FakeTracking:
                 "NewConnectionError('Failed to establish a new connection: [Errno 111] Connection refused'))"
             )
 
-    def search_experiments(self, max_results: int = 1) -> list:
+    def search_experiments(self, max_results: int | None = None) -> list:
         self._check("experiments/search")
-        return []
+        return [SimpleNamespace(experiment_id=i, name=n) for n, i in self.experiments.items()][:max_results]
 
     def get_experiment_by_name(self, name: str) -> Any:
         self._check("experiments/get-by-name")
@@ -301,7 +306,7 @@ class FakeTracking:
 
     def create_run(self, experiment_id: str, run_name: str | None = None, tags: Mapping[str, str] | None = None) -> Any:
         self._check("runs/create")
-        run_id = f"{len(self.runs) + 1:032x}"
+        run_id = hashlib.md5(f"run {len(self.runs) + 1}".encode()).hexdigest()  # ids that differ early, as MLflow's
         self.runs[run_id] = FakeRun(run_id, experiment_id, run_name or run_id, tags=dict(tags or {}))
         return self.runs[run_id].as_mlflow()
 
@@ -311,12 +316,19 @@ class FakeTracking:
             raise MlflowException(f"Run '{run_id}' not found", error_code="RESOURCE_DOES_NOT_EXIST")
         return self.runs[run_id].as_mlflow()
 
-    def search_runs(self, experiment_ids: Sequence[str], filter_string: str = "", max_results: int = 1000) -> list:
+    def search_runs(
+        self,
+        experiment_ids: Sequence[str],
+        filter_string: str = "",
+        max_results: int = 1000,
+        order_by: Sequence[str] | None = None,
+    ) -> list:
+        """Tag equality filters only; newest first (runs are numbered in creation order)."""
         self._check("runs/search")
         wanted = dict(re.findall(r"tags\.`?([\w.]+)`? = '([^']*)'", filter_string))
         return [
             run.as_mlflow()
-            for run in self.runs.values()
+            for run in reversed(self.runs.values())
             if run.experiment_id in experiment_ids and all(run.tags.get(k) == v for k, v in wanted.items())
         ][:max_results]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -221,13 +222,45 @@ def test_decode_sweep_lands_as_child_runs(mlflow_server: MlflowServer, job_paths
         "decode.tree_budgets=[4,32]",
         "decode.repeats=2",
     )
-    result = run_orchestrator(args, cwd=tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
-    run_dir = only_run_dir(job_paths)
-    run_id = run_dir.name
     client = MlflowClient(tracking_uri=mlflow_server.uri)
+    process = start_orchestrator(args, cwd=tmp_path)
+    progress_seen = []  # the job's `progress` tag, as a person refreshing the UI would see it
+    try:
+        run_dir = wait_for(lambda: job_paths.run_dirs() and job_paths.run_dirs()[0], 120, "the run folder")
+        while process.poll() is None:
+            value = client.get_run(run_dir.name).data.tags.get("progress")
+            if value and (not progress_seen or progress_seen[-1] != value):
+                progress_seen.append(value)
+            time.sleep(0.2)
+        stdout, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    result = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+    assert result.returncode == 0, result.stdout + result.stderr
+    run_id = run_dir.name
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED"
+    assert len(progress_seen) >= 3 and any("prompt 2/2 · tau" in value for value in progress_seen), progress_seen
+
+    # The job's own page answers the comparison: headline metrics, the best method, a description.
+    metrics, tags = run.data.metrics, run.data.tags
+    for scope in ("ar", "dflash", "ddtree_tb4", "ddtree_tb32"):
+        for key in ("tau", "tokens_per_s", "speedup_vs_ar", "lossless", "acceptance_length_mean"):
+            assert f"{scope}.{key}" in metrics, (scope, key)
+    assert tags["best.method"] in ("dflash", "ddtree_tb4", "ddtree_tb32")
+    assert metrics["best.speedup_vs_ar"] == metrics[f"{tags['best.method']}.speedup_vs_ar"]
+    assert "| ddtree_tb32 |" in tags["mlflow.note.content"] and "Best: **" in tags["mlflow.note.content"]
+    assert run.info.run_name.startswith("tiny_trained T=0 · ")
+    assert {"summary.md", "summary.csv", "generations_table.json", "worker_log.txt"} <= {
+        a.path for a in client.list_artifacts(run_id)
+    }
+    assert "loaded tiny_trained (float32, cpu) and its draft in" in download_text(
+        client, run_id, "worker_log.txt", tmp_path
+    )
+    inputs = run.inputs.dataset_inputs
+    assert [(d.dataset.name, json.loads(d.dataset.profile)["num_rows"]) for d in inputs] == [("humaneval", 164)]
+    table = json.loads(download_text(client, run_id, "generations_table.json", tmp_path))
+    assert len(table["data"]) == 2 * 4 and "output" in table["columns"]
     children = client.search_runs([run.info.experiment_id], f"tags.mlflow.parentRunId = '{run_id}'")
     by_name = {child.info.run_name: child for child in children}
     assert set(by_name) == {"ar", "dflash", "ddtree_tb4", "ddtree_tb32"}
@@ -258,6 +291,15 @@ def test_decode_sweep_lands_as_child_runs(mlflow_server: MlflowServer, job_paths
         assert metrics["near_tie_divergences"] == metrics["unexplained_divergences"] == 0.0, name
         assert metrics["tokens_per_s_min"] <= metrics["tokens_per_s"] <= metrics["tokens_per_s_max"], name
         assert child.data.params["method"] == name.split("_")[0]
+        params = child.data.params  # children of different jobs can be filtered and compared
+        assert (params["model"], params["dtype"], params["seed"], params["prompts"]) == (
+            "tiny_trained",
+            "float32",
+            "0",
+            "humaneval",
+        )
+        assert child.data.tags["host"] == "local"
+        assert metrics["acceptance_length_mean"] == pytest.approx(metrics["tau"] - 1)
         # nothing lost or duplicated: the per-round history is exactly what the worker wrote
         assert mlflow_metrics(client, child.info.run_id) == worker_metrics_for(run_dir, name)
     assert by_name["ar"].data.metrics["tau"] == 1.0

@@ -398,3 +398,66 @@ def test_a_scope_that_is_not_a_run_name_is_a_warning(tmp_path: Path, tracking: F
     code, out = run(job_config(tmp_path), host)
     assert code == 0, out
     assert "is not a run name" in the_run(tracking).tags[tags.EVENT_LOG_WARNINGS]
+
+
+# -- the commands that name a run, look at a host, or read a worker's logs ---------------------------------------
+
+
+def test_a_run_is_named_by_a_prefix_or_last(tmp_path: Path, tracking: FakeTracking) -> None:
+    host = FakeHost(FakeWorker(decode_log(rounds=40)))
+    run(job_config(tmp_path, "detach=true"), host)
+    job = the_run(tracking)
+    code, out = run(job_config(tmp_path, f"cancel={job.run_id[:6]}"), host)
+    assert code == 0 and f"cancelled {job.run_id}" in out, out
+    other = FakeHost(FakeWorker(decode_log(rounds=40)))
+    run(job_config(tmp_path, "detach=true"), other)
+    newest = next(r for r in tracking.runs.values() if r.status == "RUNNING")
+    code, out = run(job_config(tmp_path, "cancel=last"), other)
+    assert code == 0 and f"cancelled {newest.run_id}" in out, out
+
+
+def test_a_prefix_that_names_nothing_or_several_runs_is_one_line(
+    tmp_path: Path, tracking: FakeTracking, capsys: pytest.CaptureFixture
+) -> None:
+    run(job_config(tmp_path, "detach=true"), FakeHost(FakeWorker(decode_log())))
+    code, _ = run(job_config(tmp_path, "attach=fffff"), FakeHost(FakeWorker([])))
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["attach: no run of host local has an id starting with fffff"]
+
+
+def test_list_all_shows_running_and_finished_runs(tmp_path: Path, tracking: FakeTracking) -> None:
+    finished = FakeHost(FakeWorker(decode_log()))
+    run(job_config(tmp_path), finished)
+    host = FakeHost(FakeWorker(decode_log(rounds=40)))
+    run(job_config(tmp_path, "detach=true"), host)
+    code, out = run(job_config(tmp_path, "list=all"), host)  # the running one is on this host, the other in MLflow
+    assert code == 0, out
+    ids = {r.run_id[:8] for r in tracking.runs.values() if tags.SCOPE not in r.tags}
+    assert all(i in out for i in ids) and "FINISHED" in out
+
+
+def test_logs_prints_stderr_and_the_workers_log_lines(tmp_path: Path, tracking: FakeTracking) -> None:
+    lines = renumber([*decode_log()[:-1], event_line(0, "log", {"message": "loading the draft"}), decode_log()[-1]])
+    host = FakeHost(FakeWorker(lines, lines_per_look=100))
+    run(job_config(tmp_path), host)
+    host.files[f"{host.run_dir}/stderr.log"] = b"Warning: slow tokenizer\n"
+    job = the_run(tracking)
+    code, out = run(job_config(tmp_path, f"logs={job.run_id[:8]}"), host)
+    assert code == 0, out
+    assert "stderr  Warning: slow tokenizer" in out and "log       loading the draft" in out
+
+
+@pytest.mark.parametrize("command", ["list=true", "logs=last", "cancel=last", "attach=last"])
+def test_every_command_on_an_unreachable_host_is_one_line(
+    command: str, tmp_path: Path, tracking: FakeTracking, capsys: pytest.CaptureFixture
+) -> None:
+    run(job_config(tmp_path, "detach=true"), FakeHost(FakeWorker(decode_log(rounds=40))))
+    capsys.readouterr()
+    gone = FakeHost(FakeWorker([]))
+    gone.down = gone.stay_down = True
+    code, _ = run(job_config(tmp_path, command), gone)
+    assert code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("local: ") and "reset" in err[0], err
+    assert the_run(tracking).status == "RUNNING"  # left exactly as it was

@@ -58,7 +58,7 @@ def test_valid_choices_and_plain_keys_pass() -> None:
         ("experiment.name=nope", "experiment.name='nope' is not one of: ddtree_gdn, probe"),
         ("decode.tree_budgets=[16,0]", "decode.tree_budgets=[16, 0] must be a non-empty list of positive integers"),
         ("decode.block_size=1", "decode.block_size=1 must be an integer >= 2"),
-        ("attach=abc", "attach='abc' must be an MLflow run id (32 hexadecimal characters)"),
+        ("attach=xyz", "attach='xyz' must name a run: its MLflow run id, a unique prefix of it (hexadecimal), or last"),
     ],
 )
 def test_bad_values_give_one_line_naming_the_key(override: str, message: str) -> None:
@@ -166,3 +166,9 @@ def test_a_typo_stops_the_cli_with_exit_2_and_no_run(tmp_path: Path) -> None:
         "config error: decode.temprature is not a config key; did you mean decode.temperature?"
     ]
     assert not store.exists()
+
+
+def test_a_host_names_its_own_default_model_and_the_command_line_still_wins() -> None:
+    assert composed(["host=kpro5"])["model"]["name"] == "qwen3_6_27b"
+    assert composed(["host=kpro5", "model=tiny_dense"])["model"]["name"] == "tiny_dense"
+    assert composed([])["model"]["name"] == "tiny_trained"  # make run: the local host, the embedded pair

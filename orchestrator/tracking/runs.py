@@ -28,8 +28,25 @@ def ensure_experiment(client: MlflowClient, name: str, artifact_root: str | None
     return client.create_experiment(name, artifact_location=location)
 
 
-def run_name(config: JobConfig) -> str:
-    return f"{config.host.name}-{config.model_name}-{time.strftime('%m%d-%H%M%S')}"
+# Swept keys already said by the name's fixed part.
+_NAMED = {"model", "decode.temperature", "decode.block_size", "experiment"}
+
+
+def run_name(config: JobConfig, varying: Mapping[str, str] | None = None) -> str:
+    """What matters first, so the UI's truncated column still tells rows apart: `tiny_trained T=0 bs=8 ·
+    12-03 05:52`; a sweep's job adds the other keys the sweep varies (`max_new_tokens=64`)."""
+    parts = [config.model_name]
+    if config.experiment_name == "ddtree_gdn":
+        decode = config.worker_sections["decode"]
+        parts.append(f"T={float(decode.get('temperature', 0)):g}")
+        if decode.get("block_size"):
+            parts.append(f"bs={decode['block_size']}")
+    else:
+        parts.append(config.experiment_name)
+    for key, value in (varying or {}).items():
+        if key not in _NAMED:
+            parts.append(f"{key.rsplit('.', 1)[-1]}={value}")
+    return " ".join(parts) + f" · {time.strftime('%m-%d %H:%M')}"
 
 
 def create_job_run(
@@ -38,6 +55,7 @@ def create_job_run(
     overrides: Sequence[str],
     git: GitInfo,
     extra_tags: Mapping[str, str] | None = None,
+    varying: Mapping[str, str] | None = None,
 ) -> tuple[str, str]:
     """Create the job's run with its tags, params and config artifacts; return (experiment id, run id).
 
@@ -52,7 +70,7 @@ def create_job_run(
         tags.HYDRA_OVERRIDES: overrides_tag(overrides),
         **(extra_tags or {}),
     }
-    run = client.create_run(experiment_id, run_name=run_name(config), tags=run_tags)
+    run = client.create_run(experiment_id, run_name=run_name(config, varying), tags=run_tags)
     run_id = run.info.run_id
     params = [Param(k, v) for k, v in to_params(config.resolved, MAX_PARAM_VAL_LENGTH).items()]
     for start in range(0, len(params), MAX_PARAMS_TAGS_PER_BATCH):

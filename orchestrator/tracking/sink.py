@@ -20,7 +20,8 @@ from __future__ import annotations
 import posixpath
 import re
 import tempfile
-from collections import defaultdict
+import time
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from mlflow.utils.validation import (
     MAX_ENTITIES_PER_BATCH,
     MAX_PARAM_VAL_LENGTH,
     MAX_PARAMS_TAGS_PER_BATCH,
+    MAX_TAG_VAL_LENGTH,
 )
 
 from orchestrator import tags
@@ -45,6 +47,10 @@ LAST_SEQ_TAG = tags.LAST_SEQ
 OFFSET_TAG = tags.OFFSET
 DETACHED_TAG = tags.DETACHED
 
+
+RECENT_LOG_FILE = "worker_log.txt"
+RECENT_LOG_LINES = 200
+RECENT_LOG_EVERY_S = 10.0
 
 # What MLflow accepts as a metric or param name, and what a child run's name may be here (it is quoted in a
 # search filter, so no quotes): anything else from the worker is a warning, never a request MLflow refuses.
@@ -80,6 +86,10 @@ class MlflowSink:
         self.warnings: list[str] = []
         self._unsent_warnings = False
         self._params_sent: dict[str, dict[str, str]] = defaultdict(dict)  # run → key → value, this process
+        self.recent_log: deque[str] = deque(maxlen=RECENT_LOG_LINES)  # the worker's last log lines
+        self._pending_log: list[str] = []
+        self._recent_log_changed = False
+        self._recent_log_sent_at = 0.0
         self._pending: dict[str, _Pending] = defaultdict(_Pending)
 
     # -- the public surface ---------------------------------------------------------------------------
@@ -111,10 +121,29 @@ class MlflowSink:
             self.client.log_batch(self.state.run_id, tags=cursor)
         finally:
             self._pending.clear()
+            new_log_lines, self._pending_log = self._pending_log, []
+        if fresh and new_log_lines:  # taken once the batch is: a batch sent again adds no line twice
+            self.recent_log.extend(new_log_lines)
+            self._recent_log_changed = True
         self._unsent_warnings = False
         self.state.last_seq, self.state.offset = last_seq, offset
         self.store.save(self.state)
         return fresh
+
+    def send_recent_log(self, *, now: bool = False) -> None:
+        """Replace the job's `worker_log.txt` artifact with the worker's recent log lines, at most every
+        RECENT_LOG_EVERY_S (MLflow cannot append to an artifact, so the file is rewritten whole).
+
+        Outside any batch: an extra that fails raises for the caller to report, never undoes a batch."""
+        if not self._recent_log_changed or (
+            not now and time.monotonic() - self._recent_log_sent_at < RECENT_LOG_EVERY_S
+        ):
+            return
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / RECENT_LOG_FILE
+            path.write_text("\n".join(self.recent_log) + "\n", encoding="utf-8")
+            self.client.log_artifact(self.state.run_id, str(path))
+        self._recent_log_changed, self._recent_log_sent_at = False, time.monotonic()
 
     def record_warnings(self, lines: list[str]) -> None:
         """Warnings found outside the sink (malformed lines of the log), for the run's warning tag."""
@@ -144,8 +173,8 @@ class MlflowSink:
             pending.tags[tags.WORKER_PID] = str(data.get("pid", ""))
             if "cuda_visible_devices" in data:
                 pending.tags[tags.WORKER_GPU] = str(data["cuda_visible_devices"])
-        elif event.kind == "env":
-            pending.tags.update({k: str(v) for k, v in redact(data).items()})
+        elif event.kind in ("env", "tags"):
+            pending.tags.update({k: str(v)[:MAX_TAG_VAL_LENGTH] for k, v in redact(data).items() if _KEY.fullmatch(k)})
         elif event.kind == "params":
             sent = self._params_sent[run_id]
             for key, value in to_params(data, MAX_PARAM_VAL_LENGTH).items():
@@ -168,10 +197,16 @@ class MlflowSink:
         elif event.kind == "traceback":
             self.error = str(data.get("error", "worker raised an exception"))
             pending.tags.update({tags.ERROR: self.error, tags.FAILURE_STAGE: "worker"})
+        elif event.kind == "progress":  # where the worker is, on the job's page while it runs
+            where = f"{data.get('completed', '?')}/{data.get('total', '?')}"
+            message = str(data.get("message") or data.get("task") or "")
+            self._pending[self.state.run_id].tags[tags.PROGRESS] = f"{message} · {where}"[:MAX_TAG_VAL_LENGTH]
         elif event.kind == "end":
             self.end = data
             pending.tags[tags.WORKER_STATUS] = str(data.get("status", "unknown"))
-        # `progress` and `log` are for the terminal; they stay in events.jsonl, which is logged at the end.
+        elif event.kind == "log":
+            when = time.strftime("%H:%M:%S", time.localtime(event.t))
+            self._pending_log.append(f"{when} {event.scope + ': ' if event.scope else ''}{data.get('message', '')}")
 
     def _run_for(self, scope: str | None) -> str:
         if scope is None:
@@ -192,7 +227,7 @@ class MlflowSink:
         child = self.client.create_run(
             self.experiment_id,
             run_name=scope,
-            tags={tags.PARENT_RUN_ID: self.state.run_id, tags.SCOPE: scope},
+            tags={tags.PARENT_RUN_ID: self.state.run_id, tags.SCOPE: scope, tags.HOST: self.state.host},
         )
         return child.info.run_id
 

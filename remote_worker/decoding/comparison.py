@@ -190,6 +190,7 @@ class MethodTally:
         speedup, speedup_min, speedup_max = _spread(speedups)
         metrics = {
             "tau": sum(a + 1 for a in self.acceptance_lengths) / rounds,
+            "acceptance_length_mean": sum(self.acceptance_lengths) / rounds,
             "tokens_per_s": tokens_per_s,
             "tokens_per_s_min": tokens_per_s_min,
             "tokens_per_s_max": tokens_per_s_max,
@@ -240,6 +241,11 @@ class Comparison:
         for scope, tally in self.tallies.items():
             tally.add(run, divergences[scope])
         return divergences
+
+    def tau_so_far(self, scope: str) -> float | None:
+        """The method's tau over the prompts added so far (for progress lines); None before the first."""
+        lengths = self.tallies[scope].acceptance_lengths
+        return sum(a + 1 for a in lengths) / len(lengths) if lengths else None
 
     def metrics(self) -> dict[str, dict[str, float]]:
         ar = self.tallies[self.methods[0].scope]

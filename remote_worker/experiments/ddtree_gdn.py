@@ -11,7 +11,9 @@ method's output; `decode_summary.json` carries what the orchestrator plots.
 from __future__ import annotations
 
 import json
+import logging
 import statistics
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,7 @@ from remote_worker.prompt_set import DEFAULT_PROMPTS, Prompt, load_prompt_file
 from remote_worker.prompts import decode_text, encode
 from remote_worker.spec import Spec
 
+LOG = logging.getLogger(__name__)
 SUMMARY_FILE = "decode_summary.json"
 GENERATIONS_FILE = "generations.jsonl"
 
@@ -74,9 +77,14 @@ def encode_all(
 
 def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     log.progress("setup", 0, 2, f"loading {spec.model.name} and its draft")
+    started = time.perf_counter()
     model = load_model(spec.model, spec.seed)
     target = TargetModel(model)
     drafter = load_drafter(spec.model, spec.seed, model)
+    LOG.info(
+        "loaded %s (%s, %s) and its draft in %.1f s",
+        spec.model.name, str(target.dtype).removeprefix("torch."), target.device, time.perf_counter() - started,
+    )  # fmt: skip
     if spec.decode.get("block_size"):
         drafter.block_size = int(spec.decode["block_size"])
     tokenizer = load_tokenizer(spec.model)
@@ -95,8 +103,10 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     methods = methods_for([int(b) for b in spec.decode.get("tree_budgets", [16, 32, 64])])
     passes = f" × {settings.repeats} repeats" if settings.repeats > 1 else ""
     log.progress("setup", 2, 2, f"{len(prompts)} prompts × {len(methods)} methods{passes}")
+    context = _job_context(spec, target, prompts)
     for method in methods:
-        log.emit("params", _method_params(method, drafter.block_size, settings, len(prompts)), scope=method.scope)
+        params = {**context, **_method_params(method, drafter.block_size, settings, len(prompts))}
+        log.emit("params", params, scope=method.scope)
     comparison = Comparison(methods, settings.temperature, target.dtype)
     rounds_so_far = {m.scope: 0 for m in methods}
     total = len(prompts) * len(methods) * settings.repeats
@@ -106,7 +116,9 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
             def announce(method: Method, repeat: int, index: int = index, prompt: Prompt = prompt) -> None:
                 stop_signal.check()
                 done = (index * settings.repeats + repeat) * len(methods) + methods.index(method)
-                log.progress("decode", done, total, f"{prompt.id}: {method.scope}")
+                tau = comparison.tau_so_far(method.scope)
+                message = f"{method.scope} · prompt {index + 1}/{len(prompts)}" + (f" · tau {tau:.2f}" if tau else "")
+                log.progress("decode", done, total, message)
 
             run = run_prompt(target, drafter, ids, methods, settings, index, announce)
             divergences = comparison.add(run)
@@ -119,10 +131,53 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     summary = comparison.metrics()
     for scope, metrics in summary.items():
         log.emit("metrics", metrics, scope=scope, step=0)
-    _write_summary(spec, methods, summary, comparison)
+    headline, best = headline_metrics(summary)
+    log.emit("metrics", headline, step=0)  # the job's own run answers the comparison on its page
+    if best is not None:
+        budget = _budget_of(methods, best)
+        log.emit("tags", {"best.method": best, **({"best.tree_budget": str(budget)} if budget else {})})
+    _write_summary(spec, methods, summary, comparison, str(target.device), drafter.block_size)
     log.emit("artifact", {"path": SUMMARY_FILE})
     log.emit("artifact", {"path": GENERATIONS_FILE})
     return _terminal_summary(summary)
+
+
+# What the job's own run shows per method (`ar.tokens_per_s`, `dflash.tau`, …), from each child's figures.
+HEADLINE = ("tau", "tokens_per_s", "speedup_vs_ar", "tpot_ms", "prefill_ms", "ttft_ms", "acceptance_length_mean")
+HEADLINE_AT_T0 = ("lossless", "near_tie_divergences", "unexplained_divergences")
+
+
+def headline_metrics(summary: dict[str, dict[str, float]]) -> tuple[dict[str, float], str | None]:
+    """Each method's headline figures under `<method>.<metric>`, and `best.*`: the drafting method with the
+    highest `speedup_vs_ar` (its name is returned, for a tag)."""
+    headline = {
+        f"{scope}.{key}": metrics[key]
+        for scope, metrics in summary.items()
+        for key in (*HEADLINE, *HEADLINE_AT_T0)
+        if key in metrics
+    }
+    drafting = {scope: metrics for scope, metrics in summary.items() if scope != "ar"}
+    if not drafting:
+        return headline, None
+    best = max(drafting, key=lambda scope: drafting[scope]["speedup_vs_ar"])
+    headline.update({f"best.{key}": drafting[best][key] for key in ("speedup_vs_ar", "tau", "tokens_per_s")})
+    return headline, best
+
+
+def _budget_of(methods: list[Method], scope: str) -> int | None:
+    return next((m.budget for m in methods if m.scope == scope), None)
+
+
+def _job_context(spec: Spec, target: TargetModel, prompts: list[Prompt]) -> dict[str, Any]:
+    """What a child run needs to be compared with children of other jobs: the job's model, dtype, seed, prompts."""
+    source = spec.experiment.get("prompts")
+    return {
+        "model": spec.model.name,
+        "dtype": str(target.dtype).removeprefix("torch."),
+        "device": str(target.device),
+        "seed": spec.seed,
+        "prompts": str(source) if source is not None else prompt_source(spec).name,
+    }
 
 
 def _method_params(method: Method, block_size: int, settings: Settings, prompts: int) -> dict[str, Any]:
@@ -178,10 +233,20 @@ def _generation_row(
 
 
 def _write_summary(
-    spec: Spec, methods: list[Method], summary: dict[str, dict[str, float]], comparison: Comparison
+    spec: Spec,
+    methods: list[Method],
+    summary: dict[str, dict[str, float]],
+    comparison: Comparison,
+    device: str,
+    block_size: int,
 ) -> None:
     document = {
         "model": spec.model.name,
+        "dtype": str(comparison.dtype).removeprefix("torch."),
+        "device": device,
+        "temperature": float(spec.decode.get("temperature", 0.0)),
+        "block_size": block_size,
+        "repeats": int(spec.decode.get("repeats", 1)),
         "methods": [{"scope": m.scope, "method": m.name, "tree_budget": m.budget, **summary[m.scope]} for m in methods],
         "acceptance_lengths": {scope: t.acceptance_lengths for scope, t in comparison.tallies.items()},
     }

@@ -1,0 +1,132 @@
+"""The job's own page in MLflow: its description (the summary table in Markdown), `summary.md`/`summary.csv`,
+and the per-prompt generations as an MLflow table, from the files a decode sweep writes.
+
+The headline metrics (`ar.tokens_per_s`, `ddtree_tb32.speedup_vs_ar`, `best.*`) come from the worker as
+events; what is here is what a person reads: one row per method, in the worker's order.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# (column, metric key, format) for the table; a metric a run lacks (lossless at T > 0) is left out.
+COLUMNS = (
+    ("tau", "tau", "{:.2f}"),
+    ("decode tok/s", "tokens_per_s", "{:.1f}"),
+    ("range", ("tokens_per_s_min", "tokens_per_s_max"), "{:.0f}–{:.0f}"),
+    ("speedup vs AR", "speedup_vs_ar", "×{:.2f}"),
+    ("tpot ms", "tpot_ms", "{:.2f}"),
+    ("prefill ms", "prefill_ms", "{:.1f}"),
+    ("lossless", "lossless", "{:.2f}"),
+    ("divergences (near tie / unexplained)", ("near_tie_divergences", "unexplained_divergences"), "{:.0f} / {:.0f}"),
+    ("repetition", "repetition_share", "{:.2f}"),
+)
+CSV_KEYS = (
+    "tau",
+    "acceptance_length_mean",
+    "tokens_per_s",
+    "tokens_per_s_min",
+    "tokens_per_s_max",
+    "speedup_vs_ar",
+    "speedup_vs_ar_min",
+    "speedup_vs_ar_max",
+    "tpot_ms",
+    "prefill_ms",
+    "ttft_ms",
+    "lossless",
+    "near_tie_divergences",
+    "unexplained_divergences",
+    "repetition_share",
+    "tau_without_repetition",
+    "rounds",
+)
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    markdown: str
+    csv: str
+
+
+def summarize(document: dict[str, Any], title: str) -> JobSummary:
+    """The Markdown table (for the description and summary.md) and the CSV of `decode_summary.json`."""
+    methods = document.get("methods") or []
+    columns = [c for c in COLUMNS if any(_has(m, c[1]) for m in methods)]
+    lines = [f"**{title}**", "", "| method | " + " | ".join(c[0] for c in columns) + " |"]
+    lines.append("|---" * (len(columns) + 1) + "|")
+    for method in methods:
+        cells = [_cell(method, key, form) for _name, key, form in columns]
+        lines.append(f"| {method.get('scope', '?')} | " + " | ".join(cells) + " |")
+    best = max((m for m in methods if m.get("scope") != "ar"), key=lambda m: m.get("speedup_vs_ar", 0), default=None)
+    if best is not None:
+        lines += [
+            "",
+            f"Best: **{best['scope']}**, ×{best.get('speedup_vs_ar', 0):.2f} vs AR at tau {best.get('tau', 0):.2f}.",
+        ]
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(["method", "tree_budget", *CSV_KEYS])
+    for method in methods:
+        writer.writerow([method.get("scope"), method.get("tree_budget"), *(method.get(k, "") for k in CSV_KEYS)])
+    return JobSummary("\n".join(lines) + "\n", buffer.getvalue())
+
+
+def generation_rows(path: Path) -> dict[str, list[Any]]:
+    """`generations.jsonl` as table columns, one row per (prompt, method): what the UI's table view shows."""
+    columns: dict[str, list[Any]] = {
+        k: [] for k in ("prompt_id", "method", "prompt", "output", "tau", "rounds", "matches_ar", "divergence")
+    }
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            for scope, out in (row.get("methods") or {}).items():
+                divergence = out.get("divergence")
+                columns["prompt_id"].append(str(row.get("id")))
+                columns["method"].append(scope)
+                columns["prompt"].append(str(row.get("prompt", "")))
+                columns["output"].append(str(out.get("text", "")))
+                columns["tau"].append(float(out.get("tau") or 0.0))
+                columns["rounds"].append(int(out.get("rounds") or 0))
+                columns["matches_ar"].append("" if out.get("matches_ar") is None else str(out["matches_ar"]))
+                columns["divergence"].append(json.dumps(divergence) if divergence else "")
+    return columns
+
+
+def _has(method: dict[str, Any], key: str | tuple[str, ...]) -> bool:
+    keys = key if isinstance(key, tuple) else (key,)
+    return all(isinstance(method.get(k), (int, float)) for k in keys)
+
+
+def _cell(method: dict[str, Any], key: str | tuple[str, ...], form: str) -> str:
+    if not _has(method, key):
+        return ""
+    keys = key if isinstance(key, tuple) else (key,)
+    return form.format(*(method[k] for k in keys))
+
+
+def prompt_dataset(path: Path, name: str) -> Any:
+    """The run's prompt set as an MLflow dataset input (the UI lists it under the run's Datasets): its name,
+    a digest of the exact file, where it came from, and how many prompts it holds."""
+    import hashlib
+
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    data = path.read_bytes()
+    rows = [line for line in data.decode("utf-8", errors="replace").splitlines() if line.strip()]
+    schema = {"mlflow_colspec": [{"name": "id", "type": "string"}, {"name": "messages", "type": "string"}]}
+    dataset = Dataset(
+        name=name,
+        digest=hashlib.sha256(data).hexdigest()[:12],
+        source_type="local",
+        source=json.dumps({"uri": name}),
+        schema=json.dumps(schema),
+        profile=json.dumps({"num_rows": len(rows)}),
+    )
+    return DatasetInput(dataset=dataset, tags=[InputTag(key="mlflow.data.context", value="prompts")])
