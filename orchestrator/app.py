@@ -111,15 +111,16 @@ def run_command(config: JobConfig, console: Console, transport_for: TransportFac
     job_tags = {tags.PARENT_RUN_ID: sweep.parent_run_id, tags.SWEEP_JOB: str(sweep.job_num)} if sweep else {}
     with outages_named():
         experiment_id, run_id = create_job_run(
-            client, config, _task_overrides(), git_info(), job_tags, _swept_values() if sweep else None
+            client, config, _task_overrides(), git_info(), job_tags, _swept_values(sweep) if sweep else None
         )
     if sweep is not None and (reason := sweep.cancelled()) is not None:
         end_unstarted_job(client, run_id, reason)
         console.print(f"[yellow]job #{sweep.job_num} not started: {reason}[/yellow]")
         return RunStatus.KILLED.exit_code
     if sweep is not None:
-        varying = " ".join(f"{k}={v}" for k, v in _swept_values().items()) or "the grid's defaults"
-        console.print(f"[bold]sweep job #{sweep.job_num}[/bold] ({varying})")
+        varying = " ".join(f"{k}={v}" for k, v in _swept_values(sweep).items()) or "the grid's defaults"
+        of = f" ({sweep.job_num + 1} of {sweep.jobs})" if sweep.jobs else ""
+        console.print(f"[bold]sweep job #{sweep.job_num}{of}[/bold]: {varying}")
     state = StreamState(run_id=run_id, host=config.host.name, run_dir=run_dir_for(config.host.workdir, run_id))
     store.lock(run_id)
     return _follow(config, console, client, store, transport_for(config), experiment_id, state, _launch_body, sweep)
@@ -385,10 +386,10 @@ def _task_overrides() -> list[str]:
     return list(HydraConfig.get().overrides.task)
 
 
-def _swept_values() -> dict[str, str]:
-    """This sweep job's values of the keys its grid varies (`hydra.sweeper.params`), for the run's name."""
+def _swept_values(sweep: Sweep) -> dict[str, str]:
+    """This sweep job's values of the keys the sweep varies (its grid and the command line's), for its name."""
     hydra_cfg = HydraConfig.get()
-    swept = set((hydra_cfg.sweeper.get("params") or {}).keys())
+    swept = set(sweep.swept) or set((hydra_cfg.sweeper.get("params") or {}).keys())
     values = {}
     for override in hydra_cfg.overrides.task:
         key, _, value = str(override).lstrip("+~").partition("=")

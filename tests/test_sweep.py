@@ -85,6 +85,9 @@ def test_a_parallel_sweep_is_one_parent_run_with_a_child_per_job(mlflow_server: 
     lossless = [r["lossless"] for r in rows if r["overrides"].split().count("decode.temperature=0")]
     assert lossless and all(float(v) == 1.0 for v in lossless)
     assert "Sweep summary: FINISHED" in result.stdout
+    assert "4 jobs, each a child run" in result.stdout
+    names = sorted(j.info.run_name.split(" · ")[0] for j in jobs)  # what the sweep varies, in each name
+    assert names == ["tiny_dense T=0", "tiny_dense T=1", "tiny_hybrid T=0", "tiny_hybrid T=1"]
 
 
 def test_concurrent_jobs_never_share_a_gpu_slot(mlflow_server: MlflowServer, tmp_path: Path) -> None:

@@ -51,9 +51,17 @@ class SweepCallback(Callback):
         folder = Path(str(hydra_cfg.sweep.dir)).absolute()
         folder.mkdir(parents=True, exist_ok=True)
         (folder / CANCELLED_FILE).unlink(missing_ok=True)  # a sweep folder given again: forget the last sweep
-        record = {"parent_run_id": run.info.run_id, "experiment_id": experiment_id, "started": time.time()}
+        jobs, swept = _grid(config)
+        record = {
+            "parent_run_id": run.info.run_id,
+            "experiment_id": experiment_id,
+            "started": time.time(),
+            "jobs": jobs,
+            "swept": swept,
+        }
         (folder / SWEEP_FILE).write_text(json.dumps(record) + "\n", encoding="utf-8")
-        Console().print(f"[bold]sweep[/bold] {run.info.run_id} · jobs are its child runs · {folder}")
+        count = f"{jobs} jobs" if jobs else "jobs"
+        Console().print(f"[bold]sweep[/bold] {run.info.run_id} · {count}, each a child run · {folder}")
         self._sweep = Sweep(folder, run.info.run_id, -1, bool(config.sweep.fail_fast))
         self._previous_handler = signal.signal(signal.SIGINT, self._interrupted)
 
@@ -85,6 +93,27 @@ class SweepCallback(Callback):
             runless_jobs(folder, record["started"] - 1.0),  # 1 s for file systems with coarse times
         )
         last_exit_code = RunStatus(status).exit_code
+
+
+def _grid(config: DictConfig) -> tuple[int | None, list[str]]:
+    """How many jobs the basic sweeper will launch (its grid times the command line's sweeps; None for any
+    other sweeper, whose count is its own business) and the keys the sweep varies (for the jobs' names)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    hydra_cfg = config.hydra
+    params = [f"{k}={v}" for k, v in (hydra_cfg.sweeper.get("params") or {}).items()]
+    try:
+        overrides = OverridesParser.create().parse_overrides([*params, *hydra_cfg.overrides.task])
+    except Exception:  # noqa: BLE001 - a nicety; the sweep itself reports a bad override
+        return None, []
+    swept = list(dict.fromkeys(o.get_key_element() for o in overrides if o.is_sweep_override()))
+    if str(hydra_cfg.runtime.choices.get("hydra/sweeper", "basic")) != "basic":
+        return None, swept
+    try:
+        return sum(len(batch) for batch in BasicSweeper.split_arguments(overrides, None)), swept
+    except Exception:  # noqa: BLE001 - as above
+        return None, swept
 
 
 def _client(config: DictConfig) -> Any:

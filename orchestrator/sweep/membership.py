@@ -32,6 +32,8 @@ class Sweep:
     parent_run_id: str
     job_num: int
     fail_fast: bool
+    jobs: int | None = None  # how many the sweep launches, when its sweeper says (the basic one does)
+    swept: tuple[str, ...] = ()  # the keys the sweep varies
 
     def cancelled(self) -> str | None:
         """Why the sweep was cancelled, or None."""
@@ -66,4 +68,5 @@ def current_sweep(fail_fast: bool) -> Sweep | None:
         return None
     folder = sweep_dir_of(hydra_cfg)
     record = json.loads((folder / SWEEP_FILE).read_text(encoding="utf-8"))
-    return Sweep(folder, record["parent_run_id"], int(hydra_cfg.job.num), fail_fast)
+    swept = tuple(record.get("swept") or ())
+    return Sweep(folder, record["parent_run_id"], int(hydra_cfg.job.num), fail_fast, record.get("jobs"), swept)

@@ -247,6 +247,11 @@ class Comparison:
         lengths = self.tallies[scope].acceptance_lengths
         return sum(a + 1 for a in lengths) / len(lengths) if lengths else None
 
+    def tokens_per_s_so_far(self, scope: str) -> float | None:
+        """The method's decode speed over the prompts added so far (first pass; for progress lines)."""
+        tally = self.tallies[scope]
+        return tally.tokens_per_s()[0] if tally.repeat_seconds and tally.repeat_seconds[0] else None
+
     def metrics(self) -> dict[str, dict[str, float]]:
         ar = self.tallies[self.methods[0].scope]
         return {scope: tally.metrics(ar, self.exactness) for scope, tally in self.tallies.items()}

@@ -116,8 +116,9 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
             def announce(method: Method, repeat: int, index: int = index, prompt: Prompt = prompt) -> None:
                 stop_signal.check()
                 done = (index * settings.repeats + repeat) * len(methods) + methods.index(method)
-                tau = comparison.tau_so_far(method.scope)
-                message = f"{method.scope} · prompt {index + 1}/{len(prompts)}" + (f" · tau {tau:.2f}" if tau else "")
+                tau, speed = comparison.tau_so_far(method.scope), comparison.tokens_per_s_so_far(method.scope)
+                message = f"{method.scope} · prompt {index + 1}/{len(prompts)}"
+                message += (f" · tau {tau:.2f}" if tau else "") + (f" · {speed:.0f} tok/s" if speed else "")
                 log.progress("decode", done, total, message)
 
             run = run_prompt(target, drafter, ids, methods, settings, index, announce)
