@@ -27,10 +27,14 @@ def test_detach_list_and_cancel(mlflow_server: MlflowServer, job_paths: JobPaths
     assert time.monotonic() - started < 60
 
     listed = run_orchestrator([*common, "list=true"], tmp_path)
-    assert listed.returncode == 0 and run_id in listed.stdout and "running" in listed.stdout
+    assert listed.returncode == 0 and run_id[:8] in listed.stdout and "running" in listed.stdout
+    assert "tiny_trained" in listed.stdout  # from MLflow: the model, when it started
+
+    logs = run_orchestrator([*common, "logs=last"], tmp_path)
+    assert logs.returncode == 0 and "loaded tiny_trained" in logs.stdout, logs.stdout + logs.stderr
 
     pgid = int((run_dir / "pid").read_text())
-    cancelled = run_orchestrator([*common, f"cancel={run_id}"], tmp_path)
+    cancelled = run_orchestrator([*common, f"cancel={run_id[:8]}"], tmp_path)  # the prefix `list` shows
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
     assert not group_alive(pgid)
     run = client.get_run(run_id)
@@ -40,6 +44,8 @@ def test_detach_list_and_cancel(mlflow_server: MlflowServer, job_paths: JobPaths
 
     again = run_orchestrator([*common, "list=true"], tmp_path)
     assert "no active runs" in again.stdout
+    everything = run_orchestrator([*common, "list=all"], tmp_path)
+    assert run_id[:8] in everything.stdout and "KILLED" in everything.stdout
 
 
 def test_commands_cannot_be_combined(tmp_path: Path) -> None:
