@@ -61,6 +61,8 @@ class LiveProgress:
                 total=data.get("total"),
                 description=str(data.get("message", "")),
             )
+        elif event.kind == "start" and data.get("cuda_visible_devices"):
+            self.console.print(f"worker pid {data.get('pid')} on GPU {escape(str(data['cuda_visible_devices']))}")
         elif event.kind == "log":  # the worker's text is never read as markup (`[/INST]`, `[batch, seq]`)
             self.console.print(f"[dim]worker:[/dim] {escape(str(data.get('message', '')))}")
         elif event.kind == "traceback":

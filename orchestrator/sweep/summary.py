@@ -155,6 +155,12 @@ def summarize_sweep(
     return status
 
 
+def _short(override: str) -> str:
+    """`decode.temperature=1` → `temperature=1`: fits an 80-column terminal without folding mid-word."""
+    key, sep, value = override.partition("=")
+    return f"{key.rsplit('.', 1)[-1]}{sep}{value}"
+
+
 def _table(rows: list[Row], status: str) -> Table:
     """The terminal's version: a job's overrides on its first row only, short headers."""
     table = Table(title=f"Sweep summary: [{STATUS_STYLE.get(status, 'white')}]{status}[/]", title_justify="left")
@@ -171,7 +177,7 @@ def _table(rows: list[Row], status: str) -> Table:
         table.add_row(
             str(row.job) if first else "",
             f"[{style}]{row.status}[/]" if first else "",
-            "\n".join(row.varies.split()) if first else "",
+            "\n".join(_short(o) for o in row.varies.split()) if first else "",
             row.method,
             *(_cell(getattr(row, k)) for k in ("tau", "speedup_vs_ar", "tokens_per_s", "lossless")),
             end_section=False,
