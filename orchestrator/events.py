@@ -51,8 +51,9 @@ def split_events(chunk: bytes) -> tuple[list[Event], int]:
 
     A trailing line without its newline is still being written: it is left for the next read.
     """
-    end = chunk.rfind(b"\n") + 1
-    events = [parse_event(line) for line in chunk[:end].splitlines() if line.strip()]
+    events, bad, end = parse_chunk(chunk, 0)
+    if bad:
+        raise ProtocolError(bad[0].reason)
     return events, end
 
 

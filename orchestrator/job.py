@@ -35,7 +35,7 @@ from orchestrator.launch import (
     WorkerStatus,
     start_worker,
     stop_worker,
-    worker_status,
+    wait_for_start,
     write_spec,
 )
 from orchestrator.mirror import EventMirror
@@ -178,26 +178,19 @@ def launch(job: Job, report: dict[str, Any], code_dir: str) -> None:
     except (CommandFailed, *CONNECTION_ERRORS) as exc:
         problem = _quietly(lambda: workdir_problem(job.transport, host.workdir))
         raise PhaseFailed(Stage.LAUNCH, f"{host.name}: {problem or f'could not start the worker: {exc}'}") from exc
-    deadline = time.monotonic() + job.config.orchestrator.start_timeout_s
-    while (status := _launched_status(job)).state == "starting":
-        job.check_interrupt()
-        if time.monotonic() > deadline:
-            stderr = _host_text(job, STDERR_FILE).strip().splitlines()
-            raise PhaseFailed(
-                Stage.LAUNCH,
-                f"{host.name}: the worker did not start within {job.config.orchestrator.start_timeout_s:g}s "
-                f"(orchestrator.start_timeout_s): {stderr[-1] if stderr else 'the start command printed nothing'}",
-            )
-        time.sleep(0.05)
-    job.live.note(f"worker started on {host.name}" + (f" (pid {status.pid})" if status.pid else ""))
-
-
-def _launched_status(job: Job) -> WorkerStatus:
-    """A lost connection right after the start leaves a worker that may well be running: left for attach."""
+    timeout = job.config.orchestrator.start_timeout_s
     try:
-        return worker_status(job.transport, job.state.run_dir)
-    except CONNECTION_ERRORS as exc:
+        status = wait_for_start(job.transport, run_dir, timeout, job.check_interrupt)
+    except CONNECTION_ERRORS as exc:  # the worker may well be running: left for attach
         raise HostLost(f"{job.host_label}: connection lost just after the start: {exc}") from exc
+    if status.state == "starting":
+        stderr = _host_text(job, STDERR_FILE).strip().splitlines()
+        raise PhaseFailed(
+            Stage.LAUNCH,
+            f"{host.name}: the worker did not start within {timeout:g}s (orchestrator.start_timeout_s): "
+            f"{stderr[-1] if stderr else 'the start command printed nothing'}",
+        )
+    job.live.note(f"worker started on {host.name}" + (f" (pid {status.pid})" if status.pid else ""))
 
 
 def follow(job: Job) -> WorkerStatus:

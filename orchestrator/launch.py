@@ -12,7 +12,7 @@ import posixpath
 import re
 import shlex
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,13 +146,17 @@ def worker_status(transport: Transport, run_dir: str) -> WorkerStatus:
     return WorkerStatus(state, pid=number)
 
 
-def wait_for_start(transport: Transport, run_dir: str, timeout_s: float = 30.0) -> WorkerStatus:
-    """Wait until the supervisor has written its pid (or already finished)."""
+def wait_for_start(
+    transport: Transport, run_dir: str, timeout_s: float = 30.0, check_interrupt: Callable[[], None] = lambda: None
+) -> WorkerStatus:
+    """Wait until the supervisor has written its pid (or already finished); still `starting` after
+    `timeout_s` means it never started. `check_interrupt` is called between looks (a swallowed Ctrl-C)."""
     deadline = time.monotonic() + timeout_s
     while True:
         status = worker_status(transport, run_dir)
         if status.state != "starting" or time.monotonic() > deadline:
             return status
+        check_interrupt()
         time.sleep(0.05)
 
 

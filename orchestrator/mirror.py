@@ -33,7 +33,6 @@ class EventMirror:
         self.size = self.path.stat().st_size
         self.end: Event | None = None
         self.bad: list[BadLine] = []
-        self.events_seen = 0
         self.last_growth = time.monotonic()
         self._scanned = 0
         self.scan()
@@ -72,7 +71,6 @@ class EventMirror:
         """Parse the lines that became complete: note the `end` event; return them and the malformed ones."""
         events, bad, consumed = parse_chunk(self._read(self._scanned), self._scanned)
         self._scanned += consumed
-        self.events_seen += len(events)
         for event in events:
             if event.kind == "end" and self.end is None:
                 self.end = event

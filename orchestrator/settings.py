@@ -48,6 +48,17 @@ class TrackingConfig:
     timeout_s: float  # one request to the tracking server, retries included
     outage_wait_s: float  # after the worker ended: how long to wait for an unreachable server
 
+    @classmethod
+    def from_mapping(cls, tracking: dict[str, Any]) -> TrackingConfig:
+        """From the resolved `tracking` section (a job's, or a sweep's before any job)."""
+        return cls(
+            kind=str(tracking["kind"]),
+            uri=str(tracking["uri"]),
+            artifact_root=tracking.get("artifact_root"),
+            timeout_s=float(tracking["timeout_s"]),
+            outage_wait_s=float(tracking["outage_wait_s"]),
+        )
+
 
 @dataclass(frozen=True)
 class OrchestratorConfig:
@@ -102,13 +113,7 @@ class JobConfig:
                 reconnect_budget_s=float(host.get("reconnect_budget_s", 0)),
                 raw=dict(host),
             ),
-            tracking=TrackingConfig(
-                kind=str(tracking["kind"]),
-                uri=str(tracking["uri"]),
-                artifact_root=tracking.get("artifact_root"),
-                timeout_s=float(tracking["timeout_s"]),
-                outage_wait_s=float(tracking["outage_wait_s"]),
-            ),
+            tracking=TrackingConfig.from_mapping(tracking),
             orchestrator=OrchestratorConfig(
                 state_dir=str(orch["state_dir"]),
                 poll_interval_s=float(orch["poll_interval_s"]),

@@ -123,15 +123,8 @@ def _client(config: DictConfig) -> Any:
 
     tracking = OmegaConf.to_container(config.tracking, resolve=True)
     assert isinstance(tracking, dict)
-    settings = TrackingConfig(
-        kind=str(tracking["kind"]),
-        uri=str(tracking["uri"]),
-        artifact_root=tracking.get("artifact_root"),
-        timeout_s=float(tracking["timeout_s"]),
-        outage_wait_s=float(tracking["outage_wait_s"]),
-    )
     try:
-        return open_tracking(settings)
+        return open_tracking(TrackingConfig.from_mapping(tracking))
     except TrackingUnavailable as exc:
         print(f"tracking: {exc}", file=sys.stderr)
         raise SystemExit(1) from None  # Hydra would print a traceback for any Exception
