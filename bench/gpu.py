@@ -2,7 +2,10 @@
 
 1. Verify cost at Qwen3.6-27B layer sizes (random weights, bfloat16): one period of its layer pattern
    (three Gated DeltaNet layers and one gated full-attention layer) after a 2048-token prefill, a DDTree
-   tree of N nodes against a chain of N tokens, timed alternately with CUDA synchronisation.
+   tree of N nodes against a chain of N tokens, timed alternately with CUDA synchronisation, beside the
+   weight-read floor: the bytes of weights a round reads (the four layers and the LM head) over the
+   device's measured copy bandwidth. Also the operations one verify dispatches on the device.
+1b. Operations per round on the 64-layer tiny-width models (`bench/op_counts.py`, counted on the host).
 2. End-to-end decoding on the trained tiny pair (AR, DFlash, DDTree at budget 32) on the GPU, in float32
    and in bfloat16 (lossless, near-tie and unexplained divergences).
 
@@ -21,9 +24,11 @@ import torch
 import transformers
 
 from bench.decode_figures import decode_figures
+from bench.op_counts import op_count_figures
 from remote_worker.cache.tree import Tree
 from remote_worker.decoding.tree_build import best_first_tree
 from remote_worker.models.target import TargetModel
+from remote_worker.op_count import count_operations
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -63,6 +68,28 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def copy_bandwidth(device: torch.device, megabytes: int = 1024) -> float:
+    """Bytes per second a device-to-device copy moves (read plus write), median of 5."""
+    source = torch.empty(megabytes << 20, dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    times = []
+    for _ in range(6):
+        _sync(device)
+        start = time.perf_counter()
+        target.copy_(source)
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return 2 * source.numel() / statistics.median(times[1:])
+
+
+def round_weight_bytes(model: torch.nn.Module) -> int:
+    """Weights a verify round reads: every layer's and the LM head's (the embedding is read row by row)."""
+    embedding = model.get_input_embeddings().weight
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p is not embedding) + (
+        embedding.numel() * embedding.element_size() if model.get_output_embeddings().weight is embedding else 0
+    )
+
+
 def verify_costs(sizes: dict, device: torch.device, prefill: int, repeats: int) -> list[dict]:
     config = transformers.Qwen3_5TextConfig(
         **sizes,
@@ -77,6 +104,7 @@ def verify_costs(sizes: dict, device: torch.device, prefill: int, repeats: int) 
     cache = target.new_cache()
     with torch.no_grad():
         target.prefill(cache, torch.randint(0, sizes["vocab_size"], (prefill,), generator=generator), chunk=256)
+    floor_ms = 1000 * round_weight_bytes(model) / copy_bandwidth(device)
     rows = []
     for nodes in (16, 32, 64, 128):
         chain = Tree.chain(torch.randint(0, sizes["vocab_size"], (nodes,), generator=generator))
@@ -92,7 +120,17 @@ def verify_costs(sizes: dict, device: torch.device, prefill: int, repeats: int) 
                 if index >= 3:  # the first rounds warm up kernels and allocators
                     times[name].append(time.perf_counter() - start)
         chain_ms, tree_ms = (1000 * statistics.median(times[k]) for k in ("chain", "tree"))
-        rows.append({"nodes": nodes, "tree_depth": int(tree.depths.max()), "chain_ms": chain_ms, "tree_ms": tree_ms})
+        operations = count_operations(lambda t=target, c=cache, shape=tree: t.verify(c, shape)).compute
+        rows.append(
+            {
+                "nodes": nodes,
+                "tree_depth": int(tree.depths.max()),
+                "chain_ms": chain_ms,
+                "tree_ms": tree_ms,
+                "floor_ms": floor_ms,
+                "operations": operations,
+            }
+        )
     del model, target, cache
     return rows
 
@@ -113,17 +151,28 @@ def main() -> None:
         # bfloat16 on the GPU: where tree verification and one-token decoding may round differently
         decode_figures("tiny_trained", repeats=1, device=args.device, budgets=(32,), prompts=None, dtype="bfloat16"),
     ]
+    counts = op_count_figures()
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    results = {"device": gpu, "layer_sizes": name, "verify": verify, "decode": decoding}
+    results = {"device": gpu, "layer_sizes": name, "verify": verify, "op_counts": counts, "decode": decoding}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "gpu.json").write_text(json.dumps(results, indent=1) + "\n")
     print(f"{gpu}, torch {torch.__version__}, {time.monotonic() - started:.0f} s")
-    print(f"| verify at {name} layer sizes (3 GDN + 1 attention, bf16) | tree ms | chain ms | tree / chain |")
-    print("|---|---|---|---|")
+    print(
+        f"| verify at {name} layer sizes (3 GDN + 1 attention, bf16) | tree ms | chain ms | tree / chain "
+        "| weight-read floor ms | tree / floor | operations per verify |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for row in verify:
         print(
             f"| {row['nodes']} nodes (tree depth {row['tree_depth']}) | {row['tree_ms']:.2f} | {row['chain_ms']:.2f} "
-            f"| {row['tree_ms'] / row['chain_ms']:.2f} |"
+            f"| {row['tree_ms'] / row['chain_ms']:.2f} | {row['floor_ms']:.2f} "
+            f"| {row['tree_ms'] / row['floor_ms']:.1f} | {row['operations']} |"
+        )
+    for row in counts:
+        print(
+            f"| {row['model']}: operations per verify (1 / 64 nodes) | {row['verify_1']} / {row['verify_64']} "
+            f"| commit {row['commit']} | host copies per round {row['host_copies_per_round']} "
+            f"| model's own step {row['eager_step']} | | |"
         )
     for pair in decoding:
         for row in pair["methods"]:

@@ -43,17 +43,16 @@ LAYERS = 64
 PREFILL = 256
 
 
-def build(kind: str, device: str | torch.device = "cpu", widths: dict[str, int] | None = None) -> Any:
+def build(kind: str, device: str | torch.device = "cpu", layers: int = LAYERS) -> Any:
     """A seeded float32 model of `kind` ('hybrid' or 'dense') with the real layer count at tiny widths."""
-    sizes = {**TINY_WIDTHS, **(widths or {})}
     if kind == "hybrid":
         pattern = ["linear_attention"] * 3 + ["full_attention"]
         config = transformers.Qwen3_5TextConfig(
-            num_hidden_layers=LAYERS, layer_types=pattern * (LAYERS // 4), **GDN_WIDTHS, **sizes
+            num_hidden_layers=layers, layer_types=pattern * (layers // 4), **GDN_WIDTHS, **TINY_WIDTHS
         )
         cls = transformers.Qwen3_5ForCausalLM
     else:
-        config = transformers.Qwen3Config(num_hidden_layers=LAYERS, **sizes)
+        config = transformers.Qwen3Config(num_hidden_layers=layers, **TINY_WIDTHS)
         cls = transformers.Qwen3ForCausalLM
     torch.manual_seed(0)
     with torch.device(device):
@@ -115,21 +114,29 @@ def _eager_step(model: Any) -> int:
     ).compute
 
 
-def round_counts(kind: str) -> RoundCounts:
-    model = build(kind)
+def host_copies(kind: str, layers: int = LAYERS) -> tuple[int, int]:
+    """Host→device copies of (a 64-node verify, its commit), on the `meta` device: no GPU needed."""
+    model = build(kind, "meta", layers)
+    tree = _tree(64, model.config.vocab_size)
+    _, verify, commit = _round(model, "meta", tree, _deepest_path(tree, 6))
+    return verify.host_copies, commit.host_copies
+
+
+def round_counts(kind: str, layers: int = LAYERS, eager: bool = True) -> RoundCounts:
+    model = build(kind, "cpu", layers)
     tree = _tree(64, model.config.vocab_size)
     path = _deepest_path(tree, 6)
     verify_1, verify, commit = _round(model, "cpu", tree, path)
-    on_meta = _round(build(kind, "meta"), "meta", tree, path)
+    copies = host_copies(kind, layers)
     return RoundCounts(
-        model=f"{kind} ({LAYERS} layers, tiny widths)",
+        model=f"{kind} ({layers} layers, tiny widths)",
         verify_1=verify_1.compute,
         verify_64=verify.compute,
         commit=commit.compute,
-        host_copies_per_round=on_meta[1].host_copies + on_meta[2].host_copies,
-        host_copies_verify=on_meta[1].host_copies,
-        host_copies_commit=on_meta[2].host_copies,
-        eager_step=_eager_step(model),
+        host_copies_per_round=sum(copies),
+        host_copies_verify=copies[0],
+        host_copies_commit=copies[1],
+        eager_step=_eager_step(model) if eager else 0,
         top_verify=verify.top(8),
     )
 

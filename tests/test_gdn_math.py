@@ -118,3 +118,22 @@ def test_a_flat_sequence_through_a_tree_is_wrong() -> None:
     flat, _ = recurrent_reference(q, k, v, g, beta, state)
     assert (exact[:, 2] - flat[:, 2]).abs().max() > 1e-3
     assert torch.allclose(exact[:, :2], flat[:, :2])
+
+
+@settings(max_examples=40, deadline=None)
+@given(tree=trees(), seed=st.integers(0, 2**31 - 1), groups=st.sampled_from([2, 3]))
+def test_grouped_value_heads_equal_the_recurrence_with_repeated_keys(tree: Tree, seed: int, groups: int) -> None:
+    """With fewer key heads than value heads (Qwen3.5/3.6: 16 and 48), value head h reads key head h // r,
+    as the model's repeat_interleave does; outputs and the committed state must equal the recurrence's."""
+    q, k, v, g, beta, state = random_inputs(tree.size, torch.float64, seed, heads=2 * groups)
+    q, k = q[::groups], k[::groups]  # 2 key heads
+    result = tree_delta_rule(q, k, v, g, beta, state, tree.ancestor_mask())
+    q_rep, k_rep = q.repeat_interleave(groups, dim=0), k.repeat_interleave(groups, dim=0)
+    last = seed % tree.size
+    for node in {0, last, tree.size - 1}:
+        path = tree.path_to(node)
+        ref_out, ref_state = recurrent_reference(
+            q_rep[:, path], k_rep[:, path], v[:, path], g[:, path], beta[:, path], state
+        )
+        assert_close(result.out[:, node], ref_out[:, -1], torch.float64)
+        assert_close(commit_state(state, k, result, path), ref_state, torch.float64)

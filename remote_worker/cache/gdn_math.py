@@ -21,15 +21,9 @@ import torch.nn.functional as F
 
 @dataclass(frozen=True)
 class TreeDeltaResult:
-    out: torch.Tensor  # [H, n, d_v] per-node outputs
-    u: torch.Tensor  # [H, n, d_v] the per-node deltas, reused by commit
-    c: torch.Tensor  # [H, n] log-decay summed along each node's root path
-
-
-def _masked_decay(c: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """D[h, i, j] = exp(c_i - c_j) where mask[i, j], else 0 (masked before exp, so nothing overflows)."""
-    diff = c[:, :, None] - c[:, None, :]
-    return torch.where(mask, diff, torch.full_like(diff, float("-inf"))).exp()
+    out: torch.Tensor  # [Hv, n, d_v] per-node outputs
+    u: torch.Tensor  # [Hv, n, d_v] the per-node deltas, reused by commit
+    c: torch.Tensor  # [Hv, n] log-decay summed along each node's root path
 
 
 def tree_delta_rule(
@@ -40,29 +34,66 @@ def tree_delta_rule(
     beta: torch.Tensor,
     state: torch.Tensor,
     mask: torch.Tensor,
+    ancestors: torch.Tensor | None = None,
+    decay_bias: torch.Tensor | None = None,
 ) -> TreeDeltaResult:
-    """All nodes of a tree at once. q, k: [H, n, d_k] (already normalised, q scaled); v: [H, n, d_v];
-    g, beta: [H, n]; state: [H, d_k, d_v]; mask: [n, n] ancestor-or-self (nodes in topological order)."""
-    c = g @ mask.to(g.dtype).t()  # c_i = Σ_{j ancestor-or-self of i} g_j
-    decay = _masked_decay(c, mask)
-    strict = mask & ~torch.eye(mask.shape[0], dtype=torch.bool, device=mask.device)
-    lower = (beta[:, :, None] * (k @ k.transpose(1, 2))) * decay * strict
-    system = lower + torch.eye(mask.shape[0], dtype=q.dtype, device=q.device)
-    rhs = beta[:, :, None] * (v - (c.exp()[:, :, None] * k) @ state)
+    """All nodes of a tree at once. q, k: [Hk, n, d_k] (already normalised, q scaled); v: [Hv, n, d_v];
+    g, beta: [Hv, n]; state: [Hv, d_k, d_v] or grouped [Hk, r, d_k, d_v]; mask: [n, n] ancestor-or-self
+    (nodes in topological order).
+
+    Value head h reads key head h // r (Hv = r·Hk, as the model's `repeat_interleave`): the key products are
+    computed once per key head and broadcast, never repeated. A state stored as [Hk, d_k, r, d_v] (the
+    cache's layout; pass its [Hk, r, d_k, d_v] transpose) is read by one matmul per key head with no copy.
+    `ancestors` (the mask as 0/1 in g's dtype) and `decay_bias` (0 on the mask, -inf off it) are the same
+    for every layer of a round; pass them in."""
+    hk, hv, dk, dv = k.shape[0], v.shape[0], k.shape[-1], v.shape[-1]
+    r = hv // hk
+    if ancestors is None:
+        ancestors = mask.to(g.dtype)
+    if decay_bias is None:
+        decay_bias = ancestors.log()
+
+    def grouped(x: torch.Tensor) -> torch.Tensor:  # [Hv, ...] -> [Hk, r, ...]
+        return x.unflatten(0, (hk, r))
+
+    def times_state(x: torch.Tensor) -> torch.Tensor:  # [Hk, n, d_k] -> xᵀS per value head [Hk, r, n, d_v]
+        return (x @ state_by_key).unflatten(-1, (r, dv)).transpose(1, 2)
+
+    state_by_key = (state if state.dim() == 4 else grouped(state)).transpose(1, 2).reshape(hk, dk, r * dv)
+    c = g @ ancestors.t()  # c_i = Σ_{j ancestor-or-self of i} g_j
+    # D[h, i, j] = exp(c_i - c_j) on the mask, 0 off it (the -inf lands before exp, so nothing overflows)
+    decay = grouped((c[:, :, None] - c[:, None, :] + decay_bias).exp())  # [Hk, r, n, n]
+    growth = grouped(c.exp())[..., None]  # [Hk, r, n, 1]
+    b = grouped(beta)[..., None]
+    # Unit lower-triangular system: the solve reads only the strict lower triangle (decay is 0 above it).
+    system = (k @ k.transpose(1, 2))[:, None] * decay * b
+    rhs = b * torch.addcmul(grouped(v), growth, times_state(k), value=-1)  # beta (v - e^c Sᵀk)
     u = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
-    out = c.exp()[:, :, None] * (q @ state) + ((q @ k.transpose(1, 2)) * decay) @ u
-    return TreeDeltaResult(out=out, u=u, c=c)
+    out = torch.addcmul(((q @ k.transpose(1, 2))[:, None] * decay) @ u, growth, times_state(q))
+    return TreeDeltaResult(out=out.flatten(0, 1), u=u.flatten(0, 1), c=c)
 
 
 def commit_state(
-    state: torch.Tensor, k: torch.Tensor, result: TreeDeltaResult, path: list[int] | torch.Tensor
+    state: torch.Tensor,
+    k: torch.Tensor,
+    result: TreeDeltaResult,
+    path: list[int] | torch.Tensor,
+    grouped: bool = False,
 ) -> torch.Tensor:
-    """The state after the accepted path (root first): exp(c_m) S + Σ_j exp(c_m - c_j) k_j u_jᵀ, no re-run."""
+    """The state after the accepted path (root first): exp(c_m) S + Σ_j exp(c_m - c_j) k_j u_jᵀ, no re-run.
+
+    Shapes as in `tree_delta_rule`, with any leading dimensions (the cache commits all GDN layers at once);
+    `grouped`: the state is [..., Hk, r, d_k, d_v], and so is the result."""
     index = torch.as_tensor(path, device=k.device)
-    c_path = result.c[:, index]  # [H, len(path)]
-    weighted_keys = k[:, index] * (c_path[:, -1:] - c_path).exp()[:, :, None]
-    decayed = state * c_path[:, -1].exp()[:, None, None]
-    return torch.baddbmm(decayed, weighted_keys.transpose(1, 2), result.u[:, index])
+    hk = k.shape[-3]
+    r = state.shape[-4] if grouped else state.shape[-3] // hk
+    c_path = result.c[..., index].unflatten(-2, (hk, r))  # [..., Hk, r, L]
+    weighted_keys = k[..., index, :].unsqueeze(-3) * (c_path[..., -1:] - c_path).exp()[..., None]  # [.., Hk, r, L, d_k]
+    deltas = result.u[..., index, :].unflatten(-3, (hk, r))  # [..., Hk, r, L, d_v]
+    update = weighted_keys.transpose(-1, -2) @ deltas  # [..., Hk, r, d_k, d_v]
+    state4 = state if grouped else state.unflatten(-3, (hk, r))
+    new = torch.addcmul(update, state4, c_path[..., -1:, None].exp())
+    return new if grouped else new.flatten(-4, -3)
 
 
 def recurrent_reference(
@@ -79,22 +110,23 @@ def recurrent_reference(
 
 
 def conv_windows(parents: torch.Tensor, kernel: int) -> torch.Tensor:
-    """Index of each node's conv window in [conv state (kernel-1 inputs) ; tree inputs]: [n, kernel].
+    """Index of each node's conv window in [conv state (kernel-1 inputs) ; tree inputs]: [n, kernel], on
+    `parents`' device.
 
     Column kernel-1 is the node itself, column kernel-2 its parent, and so on; above the root the chain
     continues into the cached inputs (the last committed input is column kernel-2 of the root's window).
+    Built with kernel-1 gathers, none per node.
     """
     history = kernel - 1
-    n = parents.shape[0]
+    device = parents.device
     # parent pointers over the extended sequence: cached input e has parent e-1; node i sits at history+i
     extended_parent = torch.cat(
-        [torch.arange(-1, history - 1), torch.where(parents < 0, history - 1, parents + history)]
+        [torch.arange(-1, history - 1, device=device), torch.where(parents < 0, history - 1, parents + history)]
     )
-    windows = torch.empty(n, kernel, dtype=torch.long)
-    windows[:, -1] = torch.arange(history, history + n)
-    for col in range(kernel - 2, -1, -1):
-        windows[:, col] = extended_parent[windows[:, col + 1]]
-    return windows
+    columns = [torch.arange(history, history + parents.shape[0], device=device)]
+    for _ in range(history):
+        columns.append(extended_parent[columns[-1]])
+    return torch.stack(columns[::-1], dim=1)
 
 
 def tree_conv(
@@ -108,8 +140,7 @@ def tree_conv(
     [kernel-1, C] (oldest first), weight [C, kernel]. Returns the outputs [n, C] and the extended inputs
     [kernel-1+n, C] that `commit_conv_state` gathers from."""
     extended = torch.cat([conv_state, inputs], dim=0)
-    gathered = extended[windows.to(inputs.device)]  # [n, kernel, C]
-    out = (gathered * weight.t()[None]).sum(1)
+    out = (extended[windows] * weight.t()).sum(1)  # [n, kernel, C] summed over the kernel
     if bias is not None:
         out = out + bias
     return F.silu(out), extended
@@ -117,4 +148,4 @@ def tree_conv(
 
 def commit_conv_state(extended: torch.Tensor, windows: torch.Tensor, last: int) -> torch.Tensor:
     """The last kernel-1 inputs along the accepted path ending at node `last`."""
-    return extended[windows[last, 1:].to(extended.device)]
+    return extended[..., windows[last, 1:], :]

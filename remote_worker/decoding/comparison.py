@@ -95,7 +95,7 @@ def run_prompt(
                 budget=method.budget,
                 temperature=settings.temperature,
                 stop_tokens=settings.stop_tokens,
-                generator=torch.Generator().manual_seed(prompt_seed(settings.seed, index)),
+                generator=torch.Generator(target.device).manual_seed(prompt_seed(settings.seed, index)),
                 record_margins=method.name == "ar" and settings.temperature == 0,
             )
             results[method.scope].append(result)

@@ -90,11 +90,12 @@ class _Timer:
 
 
 def choose(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
-    """The target's token at each row: argmax at temperature 0, else a sample from softmax(logits / T)."""
+    """The target's token at each row, on the logits' device: argmax at temperature 0, else a sample from
+    softmax(logits / T) drawn there (with a generator on that device; none draws from its default one)."""
     if temperature == 0:
         return logits.argmax(dim=-1)
     probs = torch.softmax(logits.double() / temperature, dim=-1)
-    return torch.multinomial(probs.cpu(), 1, generator=generator)[:, 0]
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]
 
 
 def walk(draft: DraftTree, targets: list[int]) -> list[int]:
@@ -163,6 +164,7 @@ def decode_from(
     result = DecodeResult(tokens=[], acceptance_lengths=[])
     timer = _Timer(target.device, result)
     root = start.root
+    root_on_device = torch.tensor(root, device=target.device)  # later rounds take it from the target's choices
     margins: list[torch.Tensor] = []
     _sync(target.device)
     started = time.perf_counter()
@@ -171,7 +173,7 @@ def decode_from(
             draft = DraftTree(tree=Tree.chain(torch.tensor([root])), children=[{}], scores=[0.0])
         else:
             with timer.stage("draft"):
-                root_embedding = target.embed(torch.tensor(root, device=target.device))
+                root_embedding = target.embed(root_on_device)
                 logits = drafter.propose(context, root_embedding, mask_embedding, target.head)
             with timer.stage("tree_build"):
                 if method == "dflash":
@@ -180,11 +182,12 @@ def decode_from(
                     draft = best_first_tree(root, logits, budget)
         with timer.stage("verify"):
             output = target.verify(cache, draft.tree, feature_layers)
-            targets = choose(output.logits, temperature, generator).tolist()
+            chosen = choose(output.logits, temperature, generator)
+            targets = chosen.tolist()  # the round's one device→host transfer
         path = walk(draft, targets)
         with timer.stage("commit"):
-            cache.commit(path)
-        index = torch.as_tensor(path, device=target.device) if drafting or record_margins else None
+            index = cache.commit(path)
+        root_on_device = chosen[path[-1]]
         if feature_layers:
             with timer.stage("draft"):  # the drafter takes in the committed tokens' target features
                 drafter.extend(context, torch.cat([output.hidden[i][index] for i in feature_layers], dim=-1))
@@ -192,7 +195,8 @@ def decode_from(
             margins.append(output.logits[index].topk(2, dim=-1).values)
         result.tree_sizes.append(draft.tree.size)
         result.acceptance_lengths.append(len(path) - 1)
-        emitted = [int(draft.tree.tokens[i]) for i in path[1:]] + [targets[path[-1]]]
+        drafted = draft.tree.tokens.tolist()
+        emitted = [drafted[i] for i in path[1:]] + [targets[path[-1]]]
         if not result.tokens:
             result.first_token_seconds = time.perf_counter() - started
         done = False

@@ -30,11 +30,11 @@ class DraftTree:
     scores: list[float]  # summed draft log-probability per node (0 for the root)
 
 
-def _assemble(tokens: list[int], parents: list[int], scores: list[float]) -> DraftTree:
+def _assemble(tokens: list[int], parents: list[int], scores: list[float], depths: list[int]) -> DraftTree:
     children: list[dict[int, int]] = [{} for _ in tokens]
     for index, parent in enumerate(parents[1:], start=1):
         children[parent][tokens[index]] = index
-    tree = Tree.from_parents(torch.tensor(tokens, dtype=torch.long), parents)
+    tree = Tree.from_parents(torch.tensor(tokens, dtype=torch.long), parents, depths)
     return DraftTree(tree=tree, children=children, scores=scores)
 
 
@@ -58,7 +58,7 @@ def chain_tree(root: int, logits: torch.Tensor, length: int) -> DraftTree:
     tokens, scores = [root, *picked.tolist()], [0.0]
     for value in log_probs:
         scores.append(scores[-1] + value)
-    return _assemble(tokens, list(range(-1, len(tokens) - 1)), scores)
+    return _assemble(tokens, list(range(-1, len(tokens) - 1)), scores, list(range(len(tokens))))
 
 
 def best_first_tree(root: int, logits: torch.Tensor, budget: int) -> DraftTree:
@@ -68,9 +68,9 @@ def best_first_tree(root: int, logits: torch.Tensor, budget: int) -> DraftTree:
     depth_limit = logits.shape[0]
     width = min(budget, logits.shape[1])
     if budget <= 0 or depth_limit == 0:
-        return _assemble([root], [-1], [0.0])
+        return _assemble([root], [-1], [0.0], [0])
     log_probs, ids = top_candidates(logits, width)
-    tokens, parents, scores = [root], [-1], [0.0]
+    tokens, parents, scores, depths = [root], [-1], [0.0], [0]
     # Heap entries: (-score, rank path from depth 1, parent node). Equal scores pop by rank path.
     heap: list[tuple[float, tuple[int, ...], int]] = [(-log_probs[0][0], (0,), 0)]
     while heap and len(tokens) - 1 < budget:
@@ -80,9 +80,10 @@ def best_first_tree(root: int, logits: torch.Tensor, budget: int) -> DraftTree:
         tokens.append(ids[depth - 1][rank])
         parents.append(parent)
         scores.append(score)
+        depths.append(depth)
         if rank + 1 < width:
             sibling = score - log_probs[depth - 1][rank] + log_probs[depth - 1][rank + 1]
             heapq.heappush(heap, (-sibling, (*ranks[:-1], rank + 1), parent))
         if depth < depth_limit:
             heapq.heappush(heap, (-(score + log_probs[depth][0]), (*ranks, 0), node))
-    return _assemble(tokens, parents, scores)
+    return _assemble(tokens, parents, scores, depths)

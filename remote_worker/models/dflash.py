@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 from transformers import Qwen3Config
@@ -51,7 +52,11 @@ def block_visibility(
 ) -> torch.Tensor | None:
     """visible[i, j]: may the block's query i (position context_length + i) read key j (position first_key + j)?
 
-    Keys are the context from `first_key` on, then the block. None when every key is visible."""
+    Keys are the context from `first_key` on, then the block. None when every key is visible, which is
+    decided here on the host (no device value is read)."""
+    widest = context_length + block - 1 - first_key  # the largest |query - key|
+    if (not causal or block == 1) and (window is None or widest < window):
+        return None
     query = context_length + torch.arange(block, device=device)[:, None]
     key = first_key + torch.arange(context_length - first_key + block, device=device)[None, :]
     visible = torch.ones(block, key.shape[1], dtype=torch.bool, device=device)
@@ -59,7 +64,7 @@ def block_visibility(
         visible &= key <= query
     if window is not None:
         visible &= (query - key).abs() < window
-    return None if bool(visible.all()) else visible
+    return visible
 
 
 # dflash_config keys of other drafter variants: harmless at these values, anything else changes the draft.
@@ -75,7 +80,9 @@ def unsupported_dflash_keys(dflash: dict[str, Any]) -> list[str]:
 
 class DraftContext:
     """One sequence's drafter state: every layer's K/V of the committed tokens (their projected target
-    features), in one buffer [layers, 2, kv_heads, capacity, head_dim] that grows by doubling.
+    features), in one pre-allocated buffer [layers, 2, kv_heads, capacity, head_dim] that grows by doubling.
+    A proposal writes its block's K/V just past the committed ones and attends there in place: nothing is
+    concatenated per round, and the next `extend` overwrites the block's slots.
 
     `clone` gives an independent copy, so one prompt's context serves every method that decodes it."""
 
@@ -90,10 +97,6 @@ class DraftContext:
         grown = self.buffer.new_zeros(*self.buffer.shape[:3], max(needed, 2 * capacity), self.buffer.shape[4])
         grown[:, :, :, : self.length] = self.buffer[:, :, :, : self.length]
         self.buffer = grown
-
-    def keys_values(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Views [kv_heads, length, head_dim] of one layer's committed keys and values."""
-        return self.buffer[layer, 0, :, : self.length], self.buffer[layer, 1, :, : self.length]
 
     def clone(self) -> DraftContext:
         copy = self.buffer.new_zeros(self.buffer.shape)
@@ -123,31 +126,25 @@ class DFlashAttention(nn.Module):
         value = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim).transpose(0, 1)
         return apply_rope(key, cos, sin), value
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        context_keys: torch.Tensor,
-        context_values: torch.Tensor,
-    ) -> torch.Tensor:
-        """x: the block [B, hidden]; context_keys/values: [kv_heads, committed, head_dim] → [B, hidden]."""
-        n, committed = x.shape[0], context_keys.shape[1]
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, buffer: torch.Tensor, committed: int):
+        """x: the block [B, hidden]; buffer: this layer's [2, kv_heads, capacity, head_dim], the committed
+        tokens' K/V in its first `committed` slots, room for the block after them → [B, hidden]."""
+        n = x.shape[0]
         query = self.q_norm(self.q_proj(x).view(n, self.num_heads, self.head_dim)).transpose(0, 1)
         query = apply_rope(query, cos, sin)
-        block_keys, block_values = self.keys_values(x, cos, sin)
+        buffer[0, :, committed : committed + n], buffer[1, :, committed : committed + n] = self.keys_values(x, cos, sin)
         # A window reaches back w-1 positions from the block's first query: older keys are never read.
         first = 0 if self.sliding_window is None else max(0, committed - self.sliding_window + 1)
-        keys = torch.cat([context_keys[:, first:], block_keys], dim=1)
-        values = torch.cat([context_values[:, first:], block_values], dim=1)
-        groups = self.num_heads // self.num_kv_heads
-        keys, values = keys.repeat_interleave(groups, dim=0), values.repeat_interleave(groups, dim=0)
-        scores = (query @ keys.transpose(1, 2)) * self.scaling
         visible = block_visibility(committed, first, n, self.is_causal, self.sliding_window, x.device)
-        if visible is not None:
-            scores = scores.masked_fill(~visible, float("-inf"))
-        weights = torch.softmax(scores, dim=-1, dtype=compute_dtype(query.dtype)).to(query.dtype)
-        return self.o_proj((weights @ values).transpose(0, 1).reshape(n, -1))
+        out = F.scaled_dot_product_attention(
+            query[None],
+            buffer[None, 0, :, first : committed + n],
+            buffer[None, 1, :, first : committed + n],
+            attn_mask=visible,
+            scale=self.scaling,
+            enable_gqa=True,
+        )  # [1, heads, B, head_dim]
+        return self.o_proj(out[0].transpose(0, 1).reshape(n, -1))
 
 
 class DFlashLayer(nn.Module):
@@ -231,11 +228,13 @@ class DFlashDraft(nn.Module):
         which sits just past the context."""
         if context.length == 0:
             raise RuntimeError("the drafter has no context: extend it with the prompt's features first")
+        context.reserve(context.length + self.block_size)
         block = torch.cat([root_embedding[None], mask_embedding[None].expand(self.block_size - 1, -1)])
         cos, sin = self._rope(block, context.length, self.block_size)
         h = block
         for index, layer in enumerate(self.layers):
-            h = h + layer.self_attn(layer.input_layernorm(h), cos, sin, *context.keys_values(index))
+            x = layer.input_layernorm(h)
+            h = h + layer.self_attn(x, cos, sin, context.buffer[index], context.length)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         logits = head(self.norm(h[1:]))
         return logits.to(compute_dtype(logits.dtype))

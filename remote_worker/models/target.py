@@ -16,6 +16,9 @@ from transformers import PreTrainedModel
 
 from remote_worker.cache.hybrid_cache import HybridCache
 from remote_worker.cache.tree import Tree
+from remote_worker.models.fusion import GatedMLP
+from remote_worker.models.mixers import AttentionMixer, GDNMixer, rope_tables
+from remote_worker.models.norms import FastRMSNorm
 
 
 def is_gdn(module: nn.Module) -> bool:
@@ -37,9 +40,15 @@ def token_mixer(layer: nn.Module) -> tuple[str, nn.Module]:
     raise TypeError(f"decoder layer {type(layer).__name__} has neither attention nor a Gated DeltaNet mixer")
 
 
+def prefill_chunk(device: torch.device) -> int:
+    """Tokens per prefill step: on a GPU a bigger chain keeps the weights' reads amortised (the GDN solve is
+    quadratic in the chunk, so not unbounded); on a CPU compute dominates and small chunks are as fast."""
+    return 256 if device.type == "cuda" else 64
+
+
 @dataclass(frozen=True)
 class VerifyOutput:
-    logits: torch.Tensor  # [n, vocab]
+    logits: torch.Tensor | None  # [n, vocab]; None when not asked for (prefill)
     hidden: dict[int, torch.Tensor]  # layer index (1-based, 0 = embeddings) -> [n, hidden]
 
 
@@ -52,9 +61,21 @@ class TargetModel:
         self.layers = list(decoder.layers)
         self.norm = decoder.norm
         self.rotary = decoder.rotary_emb
-        self.kinds, self.mixers = zip(*(token_mixer(layer) for layer in self.layers), strict=True)
+        self.kinds, modules = zip(*(token_mixer(layer) for layer in self.layers), strict=True)
         parameter = next(model.parameters())
         self.device, self.dtype = parameter.device, parameter.dtype
+        slots = {"gdn": 0, "attention": 0}
+        self.mixers: list[AttentionMixer | GDNMixer] = []
+        for kind, module in zip(self.kinds, modules, strict=True):
+            mixer = GDNMixer(module, slots[kind], self.dtype) if kind == "gdn" else AttentionMixer(module, slots[kind])
+            slots[kind] += 1
+            self.mixers.append(mixer)
+        self.head_dim = next((m.head_dim for m in self.mixers if isinstance(m, AttentionMixer)), None)
+        self.norms = [
+            (FastRMSNorm(layer.input_layernorm), FastRMSNorm(layer.post_attention_layernorm)) for layer in self.layers
+        ]
+        self.final_norm = FastRMSNorm(self.norm)
+        self.mlps = [GatedMLP(layer.mlp) for layer in self.layers]
 
     @property
     def num_layers(self) -> int:
@@ -63,40 +84,42 @@ class TargetModel:
     def new_cache(self) -> HybridCache:
         return HybridCache(list(self.kinds))
 
-    @torch.no_grad()
     def verify(self, cache: HybridCache, tree: Tree, hidden_layers: tuple[int, ...] = ()) -> VerifyOutput:
         """Logits at every node (the prediction of the token that follows it); the committed state is unchanged."""
-        tree = Tree(tree.tokens.to(self.device), tree.parents, tree.depths)
+        return self.forward(cache, tree, hidden_layers, logits=True)
+
+    @torch.no_grad()
+    def forward(self, cache: HybridCache, tree: Tree, hidden_layers: tuple[int, ...], logits: bool) -> VerifyOutput:
+        """The tree through every layer (see `verify`); the LM head only if `logits`. Everything the layers
+        need about the tree is built once (`cache.begin`), on the device."""
         ctx = cache.begin(tree, self.device, self.dtype)
-        h = self.embed(tree.tokens)
-        positions = (cache.length + tree.depths).to(self.device)[None]
-        cos, sin = self.rotary(h[None], positions)
-        cos, sin = cos[0], sin[0]
+        h = self.embed(ctx.tokens)
+        if self.head_dim is not None:
+            cos, sin = self.rotary(h[None], ctx.positions[None])
+            ctx.rope = rope_tables(cos[0], sin[0], self.head_dim)
         hidden = {0: h} if 0 in hidden_layers else {}
-        for index, (layer, kind, mixer, layer_cache) in enumerate(
-            zip(self.layers, self.kinds, self.mixers, cache.layers, strict=True), start=1
+        for index, (mixer, mlp, (pre_norm, post_norm)) in enumerate(
+            zip(self.mixers, self.mlps, self.norms, strict=True), start=1
         ):
-            x = layer.input_layernorm(h)
-            if kind == "gdn":
-                h = h + layer_cache.forward(mixer, x, ctx)
-            else:
-                h = h + layer_cache.forward(mixer, x, cos, sin, ctx)
-            h = h + layer.mlp(layer.post_attention_layernorm(h[None]))[0]
+            h = h + mixer(pre_norm(h), ctx, cache)
+            h = h + mlp(post_norm(h))
             if index in hidden_layers:
                 hidden[index] = h
-        return VerifyOutput(logits=self.head(self.norm(h)), hidden=hidden)
+        return VerifyOutput(logits=self.head(self.final_norm(h)) if logits else None, hidden=hidden)
 
     def prefill(
-        self, cache: HybridCache, tokens: torch.Tensor, hidden_layers: tuple[int, ...] = (), chunk: int = 64
+        self, cache: HybridCache, tokens: torch.Tensor, hidden_layers: tuple[int, ...] = (), chunk: int | None = None
     ) -> torch.Tensor:
-        """Commit `tokens` in chunks (a chain each). Returns the hidden states of `hidden_layers` for every token,
-        concatenated along the feature axis ([len(tokens), len(hidden_layers) * hidden]; empty without layers)."""
+        """Commit `tokens` in chunks (a chain each); no logits are computed. Returns the hidden states of
+        `hidden_layers` for every token, concatenated along the feature axis ([len(tokens),
+        len(hidden_layers) * hidden]; empty without layers)."""
         if tokens.shape[0] == 0:
             raise ValueError("prefill needs at least one token")
+        chunk = chunk or prefill_chunk(self.device)
         features = []
         for start in range(0, tokens.shape[0], chunk):
             piece = tokens[start : start + chunk]
-            output = self.verify(cache, Tree.chain(piece), hidden_layers)
+            output = self.forward(cache, Tree.chain(piece), hidden_layers, logits=False)
             cache.commit(list(range(piece.shape[0])))
             if hidden_layers:
                 features.append(torch.cat([output.hidden[i] for i in hidden_layers], dim=-1))

@@ -1,0 +1,68 @@
+"""What every layer needs about the tree being verified, built once per round on the model's device.
+
+The host holds the tree (the builder and the walk down it read it there); one copy brings its parents and
+depths (and its tokens, when they are on the host) to the device, and everything else is derived there
+with a handful of vectorised operations, shared by all layers: no layer moves anything between host and
+device, and nothing here loops over nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from remote_worker.cache.gdn_math import conv_windows
+from remote_worker.cache.tree import Tree, ancestor_mask
+
+
+@dataclass
+class TreeContext:
+    tree: Tree  # the host copy
+    committed: int  # tokens committed before the tree
+    tokens: torch.Tensor  # [n] on the device
+    positions: torch.Tensor  # [n] committed + depth
+    parents: torch.Tensor  # [n] on the device, -1 for the root
+    mask: torch.Tensor  # [n, n] bool, ancestor-or-self
+    ancestors: torch.Tensor  # [n, n] the mask in the GDN compute dtype (its sums give the path decays)
+    decay_bias: torch.Tensor  # [n, n] 0 where the mask holds, -inf elsewhere (GDN compute dtype)
+    attention_bias: torch.Tensor  # [n, committed + n] 0 where visible, -inf elsewhere (model dtype)
+    rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (cos, sin with signs, permutation)
+    windows: dict[int, torch.Tensor] = field(default_factory=dict)  # conv kernel -> [n, kernel] gather indices
+
+    @staticmethod
+    def build(
+        tree: Tree, committed: int, device: torch.device, dtype: torch.dtype, compute: torch.dtype
+    ) -> TreeContext:
+        tokens_on_host = tree.tokens.device.type == "cpu"
+        rows = [tree.parents, tree.depths, *([tree.tokens] if tokens_on_host else [])]
+        packed = torch.stack(rows).to(device)  # the round's one host→device copy for the tree
+        parents, depths = packed[0], packed[1]
+        tokens = packed[2] if tokens_on_host else tree.tokens
+        mask = ancestor_mask(parents, tree.depth)
+        ancestors = mask.to(compute)
+        decay_bias = ancestors.log()  # log 1 = 0, log 0 = -inf
+        n = tree.size
+        attention_bias = torch.zeros(n, committed + n, dtype=dtype, device=device)
+        attention_bias[:, committed:] = decay_bias
+        return TreeContext(
+            tree=tree,
+            committed=committed,
+            tokens=tokens,
+            positions=depths + committed,
+            parents=parents,
+            mask=mask,
+            ancestors=ancestors,
+            decay_bias=decay_bias,
+            attention_bias=attention_bias,
+        )
+
+    @property
+    def size(self) -> int:
+        return self.tree.size
+
+    def conv_windows(self, kernel: int) -> torch.Tensor:
+        """Each node's conv window (`gdn_math.conv_windows`), built the first time a layer with this kernel asks."""
+        if kernel not in self.windows:
+            self.windows[kernel] = conv_windows(self.parents, kernel)
+        return self.windows[kernel]

@@ -1,0 +1,53 @@
+"""Linears that read the same input, run as one matmul.
+
+A GDN layer projects its input four times (q|k|v, z, b, a), attention three times (q, k, v), an MLP twice
+(gate, up). On a GPU each projection is a kernel launch, and the small ones (b and a give one value per
+head) are nothing but launch. `FusedLinear` concatenates their weights once into one [Σ out, in] tensor and
+makes each linear's weight a view of its rows: the model's own forward still works and sees the same
+values, and no memory is added (each layer's old weights are freed as soon as its fused copy exists).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class FusedLinear:
+    def __init__(self, *linears: nn.Linear) -> None:
+        self.linears = linears
+        self.sizes = [linear.out_features for linear in linears]
+        weights = [linear.weight for linear in linears]
+        same = all(w.dtype == weights[0].dtype and w.device == weights[0].device for w in weights)
+        self.weight: torch.Tensor | None = None
+        if same and all(linear.bias is None for linear in linears):  # (the supported models have no biases)
+            with torch.no_grad():
+                self.weight = torch.cat([w.detach() for w in weights])
+            offset = 0
+            for linear, rows in zip(linears, self.sizes, strict=True):
+                linear.weight = nn.Parameter(self.weight[offset : offset + rows], requires_grad=False)
+                offset += rows
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Each linear's output, as views of one product (or each linear's own call where they cannot fuse)."""
+        if self.weight is None:
+            return tuple(linear(x) for linear in self.linears)
+        return torch.split(F.linear(x, self.weight), self.sizes, dim=-1)
+
+
+class GatedMLP:
+    """down(act(gate(x)) · up(x)), with gate and up fused; any other MLP (a mixture of experts) runs its own
+    forward."""
+
+    def __init__(self, mlp: nn.Module) -> None:
+        self.mlp = mlp
+        plain = all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj", "act_fn"))
+        self.gate_up = FusedLinear(mlp.gate_proj, mlp.up_proj) if plain else None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [n, hidden] → [n, hidden]."""
+        if self.gate_up is None:
+            return self.mlp(x[None])[0]
+        gate, up = self.gate_up(x)
+        return self.mlp.down_proj(self.mlp.act_fn(gate) * up)

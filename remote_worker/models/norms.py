@@ -1,0 +1,59 @@
+"""The model's RMSNorms as one `F.rms_norm` call each: a single fused kernel on a GPU, seven operations
+of the model's own forward on the host (cast, square, mean, add, rsqrt, scale, weight).
+
+Two forms exist among the supported models, and they round differently in bfloat16: Qwen3.5/3.6 and
+Qwen3-Next scale by (1 + weight) in float32 before casting back; Qwen3 casts back, then scales by its
+weight in the model's dtype. Both compute the statistics in float32, whatever the model's dtype. Which
+form a module has is read once by comparing both with the module's own output; a norm that is neither
+keeps its own forward.
+"""
+
+from __future__ import annotations
+
+from copy import deepcopy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class FastRMSNorm:
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        self.eps = float(getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6)))
+        weight = module.weight.detach()
+        self.shape = (weight.shape[-1],)
+        self.scale_in_float = (1.0 + weight.float()).contiguous()  # the (1 + weight) form
+        self.scale_after_cast = weight  # the plain form
+        self.form = self._identify(module)
+
+    def _identify(self, module: nn.Module) -> str:
+        """On a host copy with random weights, so it costs nothing on the device and works on `meta` too."""
+        generator = torch.Generator().manual_seed(0)
+        copy = deepcopy(module).to_empty(device="cpu")
+        dtype = copy.weight.dtype
+        with torch.no_grad():
+            copy.weight.copy_(torch.randn(self.shape, generator=generator) * 0.1)
+            probe = torch.randn(3, *self.shape, generator=generator).to(dtype)
+            expected = copy(probe).float()
+            errors = {}
+            for form in ("1+w", "w"):
+                actual = self._apply(probe, form, (1.0 + copy.weight.float()), copy.weight)
+                errors[form] = (actual.float() - expected).abs().max().item()
+        form, error = min(errors.items(), key=lambda item: item[1])
+        tolerance = 1e-2 * expected.abs().max().item() if dtype in (torch.bfloat16, torch.float16) else 1e-5
+        return form if error <= tolerance else "module"
+
+    def _apply(
+        self, x: torch.Tensor, form: str, scale_in_float: torch.Tensor, scale_after_cast: torch.Tensor
+    ) -> torch.Tensor:
+        if form == "1+w":
+            return F.rms_norm(x.float(), self.shape, scale_in_float, self.eps).to(x.dtype)
+        if x.dtype == torch.float32:  # casting back is a no-op: the weight goes inside the one call
+            return F.rms_norm(x, self.shape, scale_after_cast, self.eps)
+        return F.rms_norm(x.float(), self.shape, None, self.eps).to(x.dtype) * scale_after_cast
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.form == "module":
+            return self.module(x)
+        return self._apply(x, self.form, self.scale_in_float, self.scale_after_cast)
