@@ -16,6 +16,7 @@ from transformers import PreTrainedModel
 
 from remote_worker.cache.hybrid_cache import HybridCache
 from remote_worker.cache.tree import Tree
+from remote_worker.cache.tree_context import TreeContext
 from remote_worker.models.fusion import GatedMLP
 from remote_worker.models.mixers import AttentionMixer, GDNMixer, rope_tables
 from remote_worker.models.norms import FastRMSNorm
@@ -97,6 +98,13 @@ class TargetModel:
         if self.head_dim is not None:
             cos, sin = self.rotary(h[None], ctx.positions[None])
             ctx.rope = rope_tables(cos[0], sin[0], self.head_dim)
+        h, hidden = self._layers(h, ctx, cache, hidden_layers)
+        return VerifyOutput(logits=self.head(self.final_norm(h)) if logits else None, hidden=hidden)
+
+    def _layers(
+        self, h: torch.Tensor, ctx: TreeContext, cache: HybridCache, hidden_layers: tuple[int, ...]
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """h [n, hidden] through every decoder layer; the hidden states of `hidden_layers` on the way."""
         hidden = {0: h} if 0 in hidden_layers else {}
         for index, (mixer, mlp, (pre_norm, post_norm)) in enumerate(
             zip(self.mixers, self.mlps, self.norms, strict=True), start=1
@@ -105,7 +113,12 @@ class TargetModel:
             h = h + mlp(post_norm(h))
             if index in hidden_layers:
                 hidden[index] = h
-        return VerifyOutput(logits=self.head(self.final_norm(h)) if logits else None, hidden=hidden)
+        return h, hidden
+
+    def compile(self) -> None:
+        """Run the layers through `torch.compile` (dynamic shapes: tree sizes and lengths change every round).
+        `decode.compile`; `make bench` measures whether it pays on the host at hand."""
+        self._layers = torch.compile(self._layers, dynamic=True)  # type: ignore[method-assign]
 
     def prefill(
         self, cache: HybridCache, tokens: torch.Tensor, hidden_layers: tuple[int, ...] = (), chunk: int | None = None
