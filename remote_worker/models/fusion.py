@@ -21,6 +21,10 @@ class FusedLinear:
         weights = [linear.weight for linear in linears]
         same = all(w.dtype == weights[0].dtype and w.device == weights[0].device for w in weights)
         self.weight: torch.Tensor | None = None
+        if len(linears) == 1:  # one linear: called without nn.Module's per-call machinery
+            self.weight, self.bias = weights[0].detach(), linears[0].bias
+            return
+        self.bias = None
         if same and all(linear.bias is None for linear in linears):  # (the supported models have no biases)
             with torch.no_grad():
                 self.weight = torch.cat([w.detach() for w in weights])
@@ -33,6 +37,8 @@ class FusedLinear:
         """Each linear's output, as views of one product (or each linear's own call where they cannot fuse)."""
         if self.weight is None:
             return tuple(linear(x) for linear in self.linears)
+        if len(self.linears) == 1:
+            return (F.linear(x, self.weight, self.bias),)
         return torch.split(F.linear(x, self.weight), self.sizes, dim=-1)
 
 
@@ -44,10 +50,12 @@ class GatedMLP:
         self.mlp = mlp
         plain = all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj", "act_fn"))
         self.gate_up = FusedLinear(mlp.gate_proj, mlp.up_proj) if plain else None
+        self.down = FusedLinear(mlp.down_proj) if plain else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: [n, hidden] → [n, hidden]."""
         if self.gate_up is None:
             return self.mlp(x[None])[0]
+        assert self.down is not None
         gate, up = self.gate_up(x)
-        return self.mlp.down_proj(self.mlp.act_fn(gate) * up)
+        return self.down(self.mlp.act_fn(gate) * up)[0]

@@ -16,22 +16,40 @@ from remote_worker.cache.gdn_math import tree_conv, tree_delta_rule
 from remote_worker.cache.hybrid_cache import GDNPending, HybridCache, compute_dtype
 from remote_worker.cache.tree_context import TreeContext
 from remote_worker.models.fusion import FusedLinear
-from remote_worker.models.norms import FastRMSNorm
+from remote_worker.models.norms import FastGatedRMSNorm, FastRMSNorm, cast
 
 
-def rope_tables(cos: torch.Tensor, sin: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, ...]:
-    """Rotary embedding as x·cos + x[perm]·sin over the whole head (built once per round).
+class RotaryTables:
+    """Rotary embedding as x·cos + x[perm]·sin over the whole head, for every position up to a capacity.
 
-    cos, sin: [n, rotary] from the model's rotary module. rotate_half(x) is x permuted with the first half's
-    sign flipped, so the sign goes into sin; dims past `rotary` (partial rotary) get cos 1 and sin 0, which
-    leaves them as they are. Returns cos [n, 1, head_dim], signed sin [n, 1, head_dim], perm [head_dim]."""
-    n, rotary = cos.shape
-    half, rest = rotary // 2, head_dim - rotary
-    full_cos = torch.cat([cos, cos.new_ones(n, rest)], dim=-1)
-    signed_sin = torch.cat([-sin[:, :half], sin[:, half:], sin.new_zeros(n, rest)], dim=-1)
-    index = torch.arange(head_dim, device=cos.device)
-    perm = torch.where(index < half, index + half, torch.where(index < rotary, index - half, index))
-    return full_cos[:, None], signed_sin[:, None], perm
+    The model's rotary module computes cos and sin [positions, rotary] once (so the values are its own: each
+    position's angle is one product, whatever else is in the batch); a round then indexes them. rotate_half(x)
+    is x permuted with the first half's sign flipped, so the sign goes into sin; dims past `rotary` (partial
+    rotary) get cos 1 and sin 0, which leaves them as they are. The capacity doubles when a round passes it."""
+
+    def __init__(self, rotary: nn.Module, head_dim: int) -> None:
+        self.rotary, self.head_dim = rotary, head_dim
+        self.cos: torch.Tensor | None = None  # [capacity, head_dim]
+        self.sin: torch.Tensor | None = None  # [capacity, head_dim], signed
+        self.perm: torch.Tensor | None = None  # [head_dim]
+
+    def _build(self, capacity: int, like: torch.Tensor) -> None:
+        positions = torch.arange(capacity, device=like.device)
+        cos, sin = (t[0] for t in self.rotary(like[None, :1], positions[None]))
+        rotary = cos.shape[-1]
+        half, rest = rotary // 2, self.head_dim - rotary
+        self.cos = torch.cat([cos, cos.new_ones(capacity, rest)], dim=-1)
+        self.sin = torch.cat([-sin[:, :half], sin[:, half:], sin.new_zeros(capacity, rest)], dim=-1)
+        index = torch.arange(self.head_dim, device=like.device)
+        self.perm = torch.where(index < half, index + half, torch.where(index < rotary, index - half, index))
+
+    def __call__(self, positions: torch.Tensor, end: int, like: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Tables for `positions` [n] (all below `end`, known on the host): cos, signed sin [n, 1, head_dim]
+        and the permutation [head_dim]. like: a tensor of the model's dtype and device."""
+        if self.cos is None or self.cos.shape[0] < end:
+            self._build(max(end, 2 * (0 if self.cos is None else self.cos.shape[0]), 256), like)
+        assert self.cos is not None and self.sin is not None and self.perm is not None
+        return self.cos[positions][:, None], self.sin[positions][:, None], self.perm
 
 
 def rope(x: torch.Tensor, tables: tuple[torch.Tensor, ...]) -> torch.Tensor:
@@ -54,10 +72,12 @@ class AttentionMixer:
         self.head_dim = module.head_dim
         self.q_norm, self.k_norm = FastRMSNorm(module.q_norm), FastRMSNorm(module.k_norm)
         self.qkv = FusedLinear(module.q_proj, module.k_proj, module.v_proj)
+        self.o_proj = FusedLinear(module.o_proj)
+        self.scaling = module.scaling
 
     def __call__(self, x: torch.Tensor, ctx: TreeContext, cache: HybridCache) -> torch.Tensor:
         """x: [n, hidden] → [n, hidden]."""
-        module, n, d = self.module, x.shape[0], self.head_dim
+        n, d = x.shape[0], self.head_dim
         projected, key, value = self.qkv(x)
         gate = None
         if projected.shape[-1] == 2 * self.heads * d:  # gated attention (Qwen3.5, Qwen3-Next)
@@ -77,13 +97,13 @@ class AttentionMixer:
             buffer[None, 0, :, :end],
             buffer[None, 1, :, :end],
             attn_mask=ctx.attention_bias,
-            scale=module.scaling,
+            scale=self.scaling,
             enable_gqa=True,
         )  # [1, heads, n, d]
         out = out[0].transpose(0, 1).reshape(n, -1)
         if gate is not None:
             out = out * torch.sigmoid(gate)
-        return module.o_proj(out)
+        return self.o_proj(out)[0]
 
 
 class GDNMixer:
@@ -100,6 +120,10 @@ class GDNMixer:
         self.conv_bias = None if module.conv1d.bias is None else module.conv1d.bias.detach()
         self.kernel = module.conv_kernel_size
         self.scale = module.head_k_dim**-0.5
+        self.heads = (module.num_k_heads, module.num_v_heads, module.head_k_dim, module.head_v_dim)
+        self.key_dim = module.key_dim
+        self.norm = FastGatedRMSNorm(module.norm)
+        self.out_proj = FusedLinear(module.out_proj)
         if hasattr(module, "in_proj_qkvz"):  # Qwen3-Next
             self.projections = FusedLinear(module.in_proj_qkvz, module.in_proj_ba)
         else:
@@ -117,21 +141,21 @@ class GDNMixer:
         return inputs, z.reshape(n, -1, module.head_v_dim), b, a
 
     def __call__(self, x: torch.Tensor, ctx: TreeContext, cache: HybridCache) -> torch.Tensor:
-        module, n, cd = self.module, x.shape[0], self.compute
-        hk, hv, dk, dv = module.num_k_heads, module.num_v_heads, module.head_k_dim, module.head_v_dim
+        n, cd = x.shape[0], self.compute
+        hk, hv, dk, dv = self.heads
         inputs, z, b, a = self._projections(x)
         conv_state, state = cache.gdn_state(
             self.slot, (self.kernel - 1, inputs.shape[1]), (hk, hv // hk, dk, dv), inputs
         )
         mixed, extended = tree_conv(inputs, conv_state, self.conv_weight, self.conv_bias, ctx.conv_windows(self.kernel))
-        qk = l2norm(mixed[:, : 2 * module.key_dim].unflatten(-1, (2 * hk, dk)).to(cd))  # [n, 2·Hk, d_k]
+        qk = l2norm(cast(mixed[:, : 2 * self.key_dim].unflatten(-1, (2 * hk, dk)), cd))  # [n, 2·Hk, d_k]
         query = (qk[:, :hk] * self.scale).transpose(0, 1)  # [Hk, n, d_k]
         key = qk[:, hk:].transpose(0, 1)
-        value = mixed[:, 2 * module.key_dim :].unflatten(-1, (hv, dv)).to(cd).transpose(0, 1)  # [Hv, n, d_v]
-        beta = b.to(cd).sigmoid().t()  # [Hv, n]
-        g = (self.neg_rate * F.softplus(a.to(cd) + self.dt_bias)).t()
+        value = cast(mixed[:, 2 * self.key_dim :].unflatten(-1, (hv, dv)), cd).transpose(0, 1)  # [Hv, n, d_v]
+        beta = cast(b, cd).sigmoid().t()  # [Hv, n]
+        g = (self.neg_rate * F.softplus(cast(a, cd) + self.dt_bias)).t()
         result = tree_delta_rule(query, key, value, g, beta, state, ctx.mask, ctx.ancestors, ctx.decay_bias)
         cache.pending[self.slot] = GDNPending(extended=extended, keys=key, result=result)
-        out = result.out.transpose(0, 1).to(x.dtype)  # [n, Hv, d_v]
-        out = module.norm(out.reshape(-1, dv), z.reshape(-1, dv))
-        return module.out_proj(out.reshape(n, -1))
+        out = cast(result.out.transpose(0, 1), x.dtype)  # [n, Hv, d_v]
+        out = self.norm(out.reshape(-1, dv), z.reshape(-1, dv))
+        return self.out_proj(out.reshape(n, -1))[0]

@@ -17,6 +17,11 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x in `dtype`, with no call at all when it already is (on the host every call costs microseconds)."""
+    return x if x.dtype == dtype else x.to(dtype)
+
+
 class FastRMSNorm:
     def __init__(self, module: nn.Module) -> None:
         self.module = module
@@ -48,7 +53,7 @@ class FastRMSNorm:
         self, x: torch.Tensor, form: str, scale_in_float: torch.Tensor, scale_after_cast: torch.Tensor
     ) -> torch.Tensor:
         if form == "1+w":
-            return F.rms_norm(x.float(), self.shape, scale_in_float, self.eps).to(x.dtype)
+            return cast(F.rms_norm(cast(x, torch.float32), self.shape, scale_in_float, self.eps), x.dtype)
         if x.dtype == torch.float32:  # casting back is a no-op: the weight goes inside the one call
             return F.rms_norm(x, self.shape, scale_after_cast, self.eps)
         return F.rms_norm(x.float(), self.shape, None, self.eps).to(x.dtype) * scale_after_cast
@@ -57,3 +62,39 @@ class FastRMSNorm:
         if self.form == "module":
             return self.module(x)
         return self._apply(x, self.form, self.scale_in_float, self.scale_after_cast)
+
+
+class FastGatedRMSNorm:
+    """The GDN output norm, RMSNorm(x)·weight·silu(z) (Qwen3.5/3.6, Qwen3-Next): one `F.rms_norm` and two
+    operations in float32; in other dtypes the module's own casts, in its order. Checked once against the
+    module's output on a host copy with random weights; a module that differs keeps its own forward."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        self.eps = float(getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6)))
+        self.weight = module.weight.detach()
+        self.shape = (self.weight.shape[-1],)
+        self.same = self._check(module)
+
+    def _check(self, module: nn.Module) -> bool:
+        generator = torch.Generator().manual_seed(0)
+        copy = deepcopy(module).to_empty(device="cpu")
+        with torch.no_grad():
+            copy.weight.copy_(1.0 + torch.randn(self.shape, generator=generator) * 0.1)
+            x, z = (torch.randn(3, *self.shape, generator=generator).to(copy.weight.dtype) for _ in range(2))
+            expected = copy(x, z).float()
+            actual = self._apply(x, z, copy.weight).float()
+        tolerance = 1e-2 if copy.weight.dtype in (torch.bfloat16, torch.float16) else 1e-5
+        return bool((actual - expected).abs().max() <= tolerance * expected.abs().max())
+
+    def _apply(self, x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, self.shape, weight, self.eps) * F.silu(z)
+        normed = weight * F.rms_norm(x.float(), self.shape, None, self.eps).to(x.dtype)
+        return (normed * F.silu(z.float())).to(x.dtype)
+
+    def __call__(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """x, z: [rows, d_v]."""
+        if not self.same:
+            return self.module(x, z)
+        return self._apply(x, z, self.weight)

@@ -18,7 +18,7 @@ from remote_worker.cache.hybrid_cache import HybridCache
 from remote_worker.cache.tree import Tree
 from remote_worker.cache.tree_context import TreeContext
 from remote_worker.models.fusion import GatedMLP
-from remote_worker.models.mixers import AttentionMixer, GDNMixer, rope_tables
+from remote_worker.models.mixers import AttentionMixer, GDNMixer, RotaryTables
 from remote_worker.models.norms import FastRMSNorm
 
 
@@ -72,6 +72,7 @@ class TargetModel:
             slots[kind] += 1
             self.mixers.append(mixer)
         self.head_dim = next((m.head_dim for m in self.mixers if isinstance(m, AttentionMixer)), None)
+        self.rope = RotaryTables(self.rotary, self.head_dim) if self.head_dim is not None else None
         self.norms = [
             (FastRMSNorm(layer.input_layernorm), FastRMSNorm(layer.post_attention_layernorm)) for layer in self.layers
         ]
@@ -95,25 +96,21 @@ class TargetModel:
         need about the tree is built once (`cache.begin`), on the device."""
         ctx = cache.begin(tree, self.device, self.dtype)
         h = self.embed(ctx.tokens)
-        if self.head_dim is not None:
-            cos, sin = self.rotary(h[None], ctx.positions[None])
-            ctx.rope = rope_tables(cos[0], sin[0], self.head_dim)
-        h, hidden = self._layers(h, ctx, cache, hidden_layers)
+        if self.rope is not None:
+            ctx.rope = self.rope(ctx.positions, ctx.committed + tree.depth + 1, h)
+        states = self._layers(h, ctx, cache)
+        hidden = {index: states[index] for index in hidden_layers}
+        h = states[-1]
         return VerifyOutput(logits=self.head(self.final_norm(h)) if logits else None, hidden=hidden)
 
-    def _layers(
-        self, h: torch.Tensor, ctx: TreeContext, cache: HybridCache, hidden_layers: tuple[int, ...]
-    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """h [n, hidden] through every decoder layer; the hidden states of `hidden_layers` on the way."""
-        hidden = {0: h} if 0 in hidden_layers else {}
-        for index, (mixer, mlp, (pre_norm, post_norm)) in enumerate(
-            zip(self.mixers, self.mlps, self.norms, strict=True), start=1
-        ):
+    def _layers(self, h: torch.Tensor, ctx: TreeContext, cache: HybridCache) -> list[torch.Tensor]:
+        """h [n, hidden] through every decoder layer: the hidden states from the embeddings' (index 0) on."""
+        states = [h]
+        for mixer, mlp, (pre_norm, post_norm) in zip(self.mixers, self.mlps, self.norms, strict=True):
             h = h + mixer(pre_norm(h), ctx, cache)
             h = h + mlp(post_norm(h))
-            if index in hidden_layers:
-                hidden[index] = h
-        return h, hidden
+            states.append(h)
+        return states
 
     def compile(self) -> None:
         """Run the layers through `torch.compile` (dynamic shapes: tree sizes and lengths change every round).
