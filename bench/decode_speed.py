@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -21,7 +23,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 
 
-def measure(pair: str, budget: int, new_tokens: int, prompts: int, threads: int) -> dict[str, Any]:
+def measure(pair: str, budget: int, new_tokens: int, prompts: int, threads: int, compile: bool) -> dict[str, Any]:
     import torch
 
     from orchestrator.prompts import resolve_prompts
@@ -38,17 +40,26 @@ def measure(pair: str, budget: int, new_tokens: int, prompts: int, threads: int)
     target, drafter, tokenizer = TargetModel(model), load_drafter(spec, seed=0, target=model), load_tokenizer(spec)
     ids = [encode(p, tokenizer, target.embed.num_embeddings) for p in resolve_prompts("humaneval")[:prompts]]
     methods = {"ar": 0, "dflash": 0, f"ddtree_tb{budget}": budget}
+    started = time.perf_counter()
+    if compile and (problem := target.compile()):
+        raise SystemExit(f"torch.compile failed: {problem}")
     warm = prefill(target, ids[0][:32], drafter)
     for name in methods:
         decode_from(target, warm, method=name.split("_")[0], max_new_tokens=8, drafter=drafter, budget=budget)
-    totals = {name: {"tokens": 0, "seconds": 0.0, "rounds": 0, "verify_seconds": 0.0} for name in methods}
+    warm_up_seconds = time.perf_counter() - started
+    totals = {
+        name: {"tokens": 0, "seconds": 0.0, "rounds": 0, "verify_seconds": 0.0, "same_as_ar": 0} for name in methods
+    }
     for prompt in ids:
         start = prefill(target, prompt, drafter)
+        reference = None
         for name, tree_budget in methods.items():
             result = decode_from(
                 target, start, method=name.split("_")[0], max_new_tokens=new_tokens, drafter=drafter, budget=tree_budget
             )
+            reference = reference or result.tokens
             total = totals[name]
+            total["same_as_ar"] += result.tokens == reference
             total["tokens"] += len(result.tokens)
             total["seconds"] += result.decode_seconds
             total["rounds"] += result.rounds
@@ -59,6 +70,8 @@ def measure(pair: str, budget: int, new_tokens: int, prompts: int, threads: int)
             "ms_per_round": 1000 * t["seconds"] / t["rounds"],
             "verify_ms_per_round": 1000 * t["verify_seconds"] / t["rounds"],
             "tau": t["tokens"] / t["rounds"],
+            "lossless": t["same_as_ar"] / len(ids),
+            "warm_up_s": warm_up_seconds,
         }
         for name, t in totals.items()
     }
@@ -75,42 +88,55 @@ def _worker_of(revision: str, folder: Path) -> Path:
 
 def _one_pass(root: Path, args: list[str]) -> dict[str, Any]:
     env_path = f"{root}:{REPO}" if root != REPO else str(REPO)
+    home = os.environ.get("HOME", "/tmp")
     out = subprocess.run(
         [sys.executable, "-m", "bench.decode_speed", *args],
         check=True,
         capture_output=True,
         text=True,
         cwd=REPO,
-        env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
+        env={"PYTHONPATH": env_path, "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home},
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+SIDES = ("before", "after", "compiled")
+
+
 def compare_workers(
-    baseline: str, repeats: int, pair: str = "tiny_trained", budget: int = 32, new_tokens: int = 64, prompts: int = 4
+    baseline: str,
+    repeats: int,
+    pair: str = "tiny_trained",
+    budget: int = 32,
+    new_tokens: int = 64,
+    prompts: int = 4,
+    compiled: bool = True,
 ) -> dict[str, Any]:
-    """This worker against the one at `baseline`, one thread each, passes alternating (the order flips every
-    pass), `repeats` passes: medians and ranges of tokens/s and ms per round, and of the per-pass ratio."""
+    """This worker against the one at `baseline` (and, with `compiled`, this one with decode.compile), one
+    thread each, one process per pass, the sides taking turns (the order rotates every pass), `repeats`
+    passes: medians and ranges of tokens/s and ms per round, and of each per-pass ratio to `before`."""
     args = ["--pair", pair, "--budget", str(budget), "--new-tokens", str(new_tokens), "--prompts", str(prompts)]
+    sides = SIDES if compiled else SIDES[:2]
     with tempfile.TemporaryDirectory() as folder:
-        sides = {"before": _worker_of(baseline, Path(folder)), "after": REPO}
-        passes: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
+        roots = {"before": _worker_of(baseline, Path(folder)), "after": REPO, "compiled": REPO}
+        passes: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
         for index in range(repeats):
-            for side in ("before", "after") if index % 2 == 0 else ("after", "before"):
-                passes[side].append(_one_pass(sides[side], args))
+            for side in sides[index % len(sides) :] + sides[: index % len(sides)]:
+                passes[side].append(_one_pass(roots[side], [*args, *(["--compile"] if side == "compiled" else [])]))
     rows = []
     for method in passes["after"][0]:
         row: dict[str, Any] = {"method": method}
-        for key in ("tokens_per_s", "ms_per_round", "verify_ms_per_round", "tau"):
-            for side in ("before", "after"):
+        for key in ("tokens_per_s", "ms_per_round", "verify_ms_per_round", "tau", "lossless", "warm_up_s"):
+            for side in sides:
                 values = [p[method][key] for p in passes[side]]
                 row[f"{key}_{side}"] = median(values)
                 row[f"{key}_{side}_range"] = [min(values), max(values)]
-        ratios = [
-            a[method]["tokens_per_s"] / b[method]["tokens_per_s"]
-            for a, b in zip(passes["after"], passes["before"], strict=True)
-        ]
-        row["speedup"], row["speedup_range"] = median(ratios), [min(ratios), max(ratios)]
+        for side in sides[1:]:
+            ratios = [
+                a[method]["tokens_per_s"] / b[method]["tokens_per_s"]
+                for a, b in zip(passes[side], passes["before"], strict=True)
+            ]
+            row[f"speedup_{side}"], row[f"speedup_{side}_range"] = median(ratios), [min(ratios), max(ratios)]
         rows.append(row)
     return {
         "baseline": baseline,
@@ -131,8 +157,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--compile", action="store_true", help="decode.compile: the layers through torch.compile")
     args = parser.parse_args()
-    print(json.dumps(measure(args.pair, args.budget, args.new_tokens, args.prompts, args.threads)))
+    print(json.dumps(measure(args.pair, args.budget, args.new_tokens, args.prompts, args.threads, args.compile)))
 
 
 if __name__ == "__main__":

@@ -15,11 +15,15 @@ from pathlib import Path
 import torch
 
 from bench.decode_figures import decode_figures, prompt_length_check
+from bench.decode_speed import compare_workers
+from bench.op_counts import op_count_figures
 from bench.orchestrator_figures import orchestrator_figures
 from bench.worker_figures import worker_figures
 
 RESULTS = Path(__file__).parent / "results"
 PAIRS = ("tiny_trained", "tiny_trained_dense")
+# The worker before the speed path (issue 13): `make bench` compares this one with it, side by side.
+BASELINE = "3df1729"
 
 
 def _decode_table(results: list[dict]) -> list[str]:
@@ -90,6 +94,46 @@ def _worker_rows(results: dict) -> list[str]:
     return rows
 
 
+def _op_count_table(rows: list[dict]) -> list[str]:
+    lines = [
+        "| model | compute operations per verify, 1 node / 64 nodes | per commit (6-node path) "
+        "| host→device copies per round (verify + commit) | the model's own eager decode step |",
+        "|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['model']} | {row['verify_1']:,} / {row['verify_64']:,} | {row['commit']} "
+            f"| {row['host_copies_per_round']} ({row['host_copies_verify']} + {row['host_copies_commit']}) "
+            f"| {row['eager_step']:,} |"
+        )
+    return lines
+
+
+def _speed_table(speed: dict) -> list[str]:
+    compiled = "tokens_per_s_compiled" in speed["rows"][0]
+    lines = [
+        "| method | tau | tokens/s before → after (range) | after / before (range) | ms per round before → after "
+        + ("| tokens/s with decode.compile (range) | compiled / before | lossless compiled |" if compiled else "|"),
+        "|---|---|---|---|---|" + ("---|---|---|" if compiled else ""),
+    ]
+    for row in speed["rows"]:
+        line = (
+            f"| {row['method']} | {row['tau_after']:.2f} "
+            f"| {row['tokens_per_s_before']:.0f} → {row['tokens_per_s_after']:.0f} "
+            f"({row['tokens_per_s_after_range'][0]:.0f}–{row['tokens_per_s_after_range'][1]:.0f}) "
+            f"| {row['speedup_after']:.2f} ({row['speedup_after_range'][0]:.2f}–{row['speedup_after_range'][1]:.2f}) "
+            f"| {row['ms_per_round_before']:.2f} → {row['ms_per_round_after']:.2f} |"
+        )
+        if compiled:
+            line += (
+                f" {row['tokens_per_s_compiled']:.0f} ({row['tokens_per_s_compiled_range'][0]:.0f}–"
+                f"{row['tokens_per_s_compiled_range'][1]:.0f}) | {row['speedup_compiled']:.2f} "
+                f"| {row['lossless_compiled']:.2f} |"
+            )
+        lines.append(line)
+    return lines
+
+
 def _orchestrator_rows(results: dict) -> list[str]:
     if "skipped" in results:
         return [f"| orchestrator figures | skipped: {results['skipped']} | |"]
@@ -138,6 +182,20 @@ def markdown(results: dict) -> str:
         "",
         *_length_table(results["prompt_length"]),
         "",
+        "Operations per decode round (counted, so exact: a gate where timings are noise), after a 256-token "
+        "prefill on 64-layer models of the real layer pattern at tiny widths (the hybrid is Qwen3.6-27B's: 48 "
+        "Gated DeltaNet and 16 attention layers); compute operations as dispatched on the CPU, views and "
+        "scalar reads excluded; host→device copies counted on the `meta` device:",
+        "",
+        *_op_count_table(results["op_counts"]),
+        "",
+        f"Decode speed of this worker against the one before the speed path ({results['speed']['baseline']}), "
+        f"{results['speed']['pair']}, DDTree budget {results['speed']['tree_budget']}, "
+        f"{results['speed']['prompts']}, {results['speed']['new_tokens']} new tokens, one thread, decode only; "
+        f"medians of {results['speed']['repeats']} passes, one process each, the sides taking turns:",
+        "",
+        *_speed_table(results["speed"]),
+        "",
         "The worker's costs on tiny_hybrid, and the orchestrator against an sshd and an `mlflow server` on 127.0.0.1:",
         "",
         "| figure | value | aim |",
@@ -152,6 +210,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--decode-repeats", type=int, default=3)
+    parser.add_argument("--baseline", default=BASELINE, help="the commit whose worker the speed table compares with")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
     results = {
@@ -160,6 +219,8 @@ def main() -> None:
         "decode": [decode_figures(name, args.decode_repeats) for name in PAIRS],
         "bf16": [decode_figures(name, 1, dtype="bfloat16", budgets=(16, 64)) for name in PAIRS],
         "prompt_length": prompt_length_check("tiny_trained", args.decode_repeats),
+        "op_counts": op_count_figures(),
+        "speed": compare_workers(args.baseline, args.decode_repeats),
         "worker": worker_figures(args.repeats),
         "orchestrator": orchestrator_figures(args.repeats),
     }

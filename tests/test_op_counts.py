@@ -44,3 +44,25 @@ def test_a_layer_costs_the_same_operations_for_any_tree() -> None:
     for a 128-node one (what depends on the tree, such as the ancestor mask, is built once per round)."""
     shallow, deep = _verify_counts("hybrid", 4, (16, 128)), _verify_counts("hybrid", 8, (16, 128))
     assert deep[0] - shallow[0] == deep[1] - shallow[1]
+
+
+def test_a_compiler_that_fails_leaves_the_layers_eager_and_says_why(monkeypatch) -> None:
+    """decode.compile on a host whose torch cannot compile: the run goes on eagerly, with the reason."""
+    from remote_worker.cache.tree import Tree
+    from tests.tiny_models import tiny
+
+    target, _ = tiny("tiny_hybrid")
+    eager = target.verify(target.new_cache(), Tree.chain(torch.tensor([1, 2, 3]))).logits
+
+    def broken(function, **options):
+        def run(*args, **kwargs):
+            raise RuntimeError("no C++ compiler on this host\nmore detail")
+
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken)
+    fresh = TargetModel(target.model)
+    assert fresh.compile() == "RuntimeError: no C++ compiler on this host"
+    assert not fresh.compiled
+    again = fresh.verify(fresh.new_cache(), Tree.chain(torch.tensor([1, 2, 3]))).logits
+    torch.testing.assert_close(again, eager, rtol=0, atol=0)

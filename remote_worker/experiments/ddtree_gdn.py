@@ -87,6 +87,13 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     )  # fmt: skip
     if spec.decode.get("block_size"):
         drafter.block_size = int(spec.decode["block_size"])
+    if spec.decode.get("compile"):
+        started = time.perf_counter()
+        problem = target.compile()
+        if problem:
+            LOG.warning("decode.compile: torch.compile failed on this host, decoding eagerly (%s)", problem)
+        else:
+            LOG.info("compiled the target's layers (torch.compile) in %.1f s", time.perf_counter() - started)
     tokenizer = load_tokenizer(spec.model)
     settings = Settings(
         max_new_tokens=int(spec.decode.get("max_new_tokens", 64)),
@@ -105,7 +112,7 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     log.progress("setup", 2, 2, f"{len(prompts)} prompts × {len(methods)} methods{passes}")
     context = _job_context(spec, target, prompts)
     for method in methods:
-        params = {**context, **_method_params(method, drafter.block_size, settings, len(prompts))}
+        params = {**context, **_method_params(method, drafter.block_size, settings, len(prompts), target.compiled)}
         log.emit("params", params, scope=method.scope)
     comparison = Comparison(methods, settings.temperature, target.dtype)
     rounds_so_far = {m.scope: 0 for m in methods}
@@ -181,7 +188,7 @@ def _job_context(spec: Spec, target: TargetModel, prompts: list[Prompt]) -> dict
     }
 
 
-def _method_params(method: Method, block_size: int, settings: Settings, prompts: int) -> dict[str, Any]:
+def _method_params(method: Method, block_size: int, settings: Settings, prompts: int, compiled: bool) -> dict[str, Any]:
     return {
         "method": method.name,
         "tree_budget": method.budget,
@@ -190,6 +197,7 @@ def _method_params(method: Method, block_size: int, settings: Settings, prompts:
         "max_new_tokens": settings.max_new_tokens,
         "repeats": settings.repeats,
         "num_prompts": prompts,
+        "compiled": compiled,
     }
 
 
