@@ -110,7 +110,7 @@ def compare_workers(
     budget: int = 32,
     new_tokens: int = 64,
     prompts: int = 4,
-    compiled: bool = True,
+    compiled: bool = False,
 ) -> dict[str, Any]:
     """This worker against the one at `baseline` (and, with `compiled`, this one with decode.compile), one
     thread each, one process per pass, the sides taking turns (the order rotates every pass), `repeats`

@@ -211,6 +211,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--decode-repeats", type=int, default=3)
     parser.add_argument("--baseline", default=BASELINE, help="the commit whose worker the speed table compares with")
+    parser.add_argument(
+        "--compiled",
+        action="store_true",
+        help="also measure decode.compile (torch.compile takes minutes per pass on a small CPU)",
+    )
     args = parser.parse_args()
     torch.set_grad_enabled(False)
     results = {
@@ -220,7 +225,7 @@ def main() -> None:
         "bf16": [decode_figures(name, 1, dtype="bfloat16", budgets=(16, 64)) for name in PAIRS],
         "prompt_length": prompt_length_check("tiny_trained", args.decode_repeats),
         "op_counts": op_count_figures(),
-        "speed": compare_workers(args.baseline, args.decode_repeats),
+        "speed": compare_workers(args.baseline, args.decode_repeats, compiled=args.compiled),
         "worker": worker_figures(args.repeats),
         "orchestrator": orchestrator_figures(args.repeats),
     }

@@ -41,6 +41,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((rot * cos + _rotate_half(rot) * sin, rest), dim=-1)
 
 
+@dataclass(frozen=True)
+class CacheLayout:
+    """The shapes of a model's cache buffers, read off its layers (`TargetModel.layout`)."""
+
+    device: torch.device
+    dtype: torch.dtype
+    attention: tuple[int, int] | None  # (kv_heads, head_dim)
+    gdn: tuple[int, int, int, int, int, int] | None  # (kernel-1, conv_dim, Hk, r, d_k, d_v)
+
+
 @dataclass
 class GDNPending:
     """What commit needs from one GDN layer's verify."""
@@ -52,10 +62,11 @@ class GDNPending:
 
 class HybridCache:
     """The committed state of one sequence: K/V of the attention layers, conv and recurrent state of the GDN
-    layers, and the committed length. Buffers are allocated at the first verify (their shapes come from the
-    layers) and K/V grow by doubling unless `reserve` made room first."""
+    layers, and the committed length. Every buffer is allocated here, zero; the K/V buffer grows by doubling
+    before a round that would overflow it (in `begin`, never inside the layers), unless `reserve` made room
+    first. With no layout, nothing is allocated (`clone` fills the buffers in)."""
 
-    def __init__(self, kinds: list[str]) -> None:
+    def __init__(self, kinds: list[str], layout: CacheLayout | None = None, capacity: int = 64) -> None:
         self.kinds = list(kinds)
         self.attention_layers = kinds.count("attention")
         self.gdn_layers = kinds.count("gdn")
@@ -64,9 +75,17 @@ class HybridCache:
         # [gdn layers, Hk, d_k, r, d_v], compute dtype: value heads grouped by the key head they read, laid
         # out so that one matmul per key head reads all r of them (see gdn_math.tree_delta_rule)
         self.recurrent: torch.Tensor | None = None
+        if layout is not None and layout.attention is not None and self.attention_layers:
+            kv_heads, head_dim = layout.attention
+            shape = (self.attention_layers, 2, kv_heads, capacity, head_dim)
+            self.kv = torch.zeros(shape, dtype=layout.dtype, device=layout.device)
+        if layout is not None and layout.gdn is not None and self.gdn_layers:
+            history, conv_dim, hk, r, dk, dv = layout.gdn
+            self.conv = torch.zeros(self.gdn_layers, history, conv_dim, dtype=layout.dtype, device=layout.device)
+            compute = compute_dtype(layout.dtype)
+            self.recurrent = torch.zeros(self.gdn_layers, hk, dk, r, dv, dtype=compute, device=layout.device)
         self.pending: list[GDNPending | None] = [None] * self.gdn_layers
         self.length = 0
-        self.capacity = 0  # tokens the K/V buffer should hold when it is allocated
         self.context: TreeContext | None = None
 
     def clone(self) -> HybridCache:
@@ -75,12 +94,11 @@ class HybridCache:
         copy.kv = None if self.kv is None else self.kv.clone()
         copy.conv = None if self.conv is None else self.conv.clone()
         copy.recurrent = None if self.recurrent is None else self.recurrent.clone()
-        copy.length, copy.capacity = self.length, self.capacity
+        copy.length = self.length
         return copy
 
     def reserve(self, length: int) -> None:
         """Room for `length` tokens (committed and a tree's) in the K/V buffer, so that none grows while decoding."""
-        self.capacity = max(self.capacity, length)
         if self.kv is not None and self.kv.shape[3] < length:
             self._grow(length)
 
@@ -90,28 +108,19 @@ class HybridCache:
         grown[:, :, :, : self.length] = self.kv[:, :, :, : self.length]
         self.kv = grown
 
-    def attention_buffer(self, slot: int, like: torch.Tensor, end: int) -> torch.Tensor:
-        """Layer `slot`'s K/V buffer [2, kv_heads, capacity, head_dim], with room for `end` tokens.
-        like: a key [kv_heads, n, head_dim] of this layer (gives the shape, dtype and device)."""
-        if self.kv is None:
-            capacity = max(end, self.capacity, 64)
-            self.kv = like.new_zeros(self.attention_layers, 2, like.shape[0], capacity, like.shape[2])
-        elif self.kv.shape[3] < end:
-            self._grow(end)
+    def attention_buffer(self, slot: int) -> torch.Tensor:
+        """Layer `slot`'s K/V buffer [2, kv_heads, capacity, head_dim] (a view)."""
+        assert self.kv is not None
         return self.kv[slot]
 
-    def gdn_state(
-        self, slot: int, conv_shape: tuple[int, int], recurrent_shape: tuple[int, int, int, int], like: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer `slot`'s conv state [kernel-1, conv_dim] (like's dtype) and recurrent state, a view
-        [Hk, r, d_k, d_v] (compute dtype; recurrent_shape gives (Hk, r, d_k, d_v)), zero before the first commit."""
-        if self.conv is None or self.recurrent is None:
-            hk, r, dk, dv = recurrent_shape
-            self.conv = like.new_zeros(self.gdn_layers, *conv_shape)
-            self.recurrent = like.new_zeros(self.gdn_layers, hk, dk, r, dv, dtype=compute_dtype(like.dtype))
+    def gdn_state(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `slot`'s conv state [kernel-1, conv_dim] and recurrent state, a view [Hk, r, d_k, d_v]."""
+        assert self.conv is not None and self.recurrent is not None
         return self.conv[slot], self.recurrent[slot].transpose(1, 2)
 
     def begin(self, tree: Tree, device: torch.device, dtype: torch.dtype) -> TreeContext:
+        """A round starts: room for the tree past the committed tokens, and its context, built once."""
+        self.reserve(self.length + tree.size)
         self.context = TreeContext.build(tree, self.length, device, dtype, compute_dtype(dtype))
         return self.context
 

@@ -70,6 +70,7 @@ class AttentionMixer:
         self.module, self.slot = module, slot
         self.heads = module.config.num_attention_heads
         self.head_dim = module.head_dim
+        self.kv_heads = module.config.num_key_value_heads
         self.q_norm, self.k_norm = FastRMSNorm(module.q_norm), FastRMSNorm(module.k_norm)
         self.qkv = FusedLinear(module.q_proj, module.k_proj, module.v_proj)
         self.o_proj = FusedLinear(module.o_proj)
@@ -89,7 +90,7 @@ class AttentionMixer:
         query = rope(self.q_norm(query), ctx.rope)  # [n, heads, d]
         key = rope(self.k_norm(key.view(n, -1, d)), ctx.rope)  # [n, kv_heads, d]
         start, end = ctx.committed, ctx.committed + n
-        buffer = cache.attention_buffer(self.slot, key.transpose(0, 1), end)  # [2, kv_heads, capacity, d]
+        buffer = cache.attention_buffer(self.slot)  # [2, kv_heads, capacity, d]
         buffer[0, :, start:end] = key.transpose(0, 1)
         buffer[1, :, start:end] = value.view(n, -1, d).transpose(0, 1)
         out = F.scaled_dot_product_attention(
@@ -121,6 +122,9 @@ class GDNMixer:
         self.kernel = module.conv_kernel_size
         self.scale = module.head_k_dim**-0.5
         self.heads = (module.num_k_heads, module.num_v_heads, module.head_k_dim, module.head_v_dim)
+        hk, hv, dk, dv = self.heads
+        # (kernel-1, conv_dim, Hk, r, d_k, d_v): the shapes of this layer's conv and recurrent state
+        self.state_shape = (self.kernel - 1, module.conv1d.weight.shape[0], hk, hv // hk, dk, dv)
         self.key_dim = module.key_dim
         self.norm = FastGatedRMSNorm(module.norm)
         self.out_proj = FusedLinear(module.out_proj)
@@ -144,9 +148,7 @@ class GDNMixer:
         n, cd = x.shape[0], self.compute
         hk, hv, dk, dv = self.heads
         inputs, z, b, a = self._projections(x)
-        conv_state, state = cache.gdn_state(
-            self.slot, (self.kernel - 1, inputs.shape[1]), (hk, hv // hk, dk, dv), inputs
-        )
+        conv_state, state = cache.gdn_state(self.slot)
         mixed, extended = tree_conv(inputs, conv_state, self.conv_weight, self.conv_bias, ctx.conv_windows(self.kernel))
         qk = l2norm(cast(mixed[:, : 2 * self.key_dim].unflatten(-1, (2 * hk, dk)), cd))  # [n, 2·Hk, d_k]
         query = (qk[:, :hk] * self.scale).transpose(0, 1)  # [Hk, n, d_k]

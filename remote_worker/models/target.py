@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from remote_worker.cache.hybrid_cache import HybridCache
+from remote_worker.cache.hybrid_cache import CacheLayout, HybridCache
 from remote_worker.cache.tree import Tree
 from remote_worker.cache.tree_context import TreeContext
 from remote_worker.models.fusion import GatedMLP
@@ -84,8 +84,20 @@ class TargetModel:
     def num_layers(self) -> int:
         return len(self.layers)
 
-    def new_cache(self) -> HybridCache:
-        return HybridCache(list(self.kinds))
+    @property
+    def layout(self) -> CacheLayout:
+        attention = next((m for m in self.mixers if isinstance(m, AttentionMixer)), None)
+        gdn = next((m for m in self.mixers if isinstance(m, GDNMixer)), None)
+        return CacheLayout(
+            device=self.device,
+            dtype=self.dtype,
+            attention=None if attention is None else (attention.kv_heads, attention.head_dim),
+            gdn=None if gdn is None else gdn.state_shape,
+        )
+
+    def new_cache(self, capacity: int = 64) -> HybridCache:
+        """An empty cache with every buffer allocated (K/V for `capacity` tokens; it grows by doubling)."""
+        return HybridCache(list(self.kinds), self.layout, capacity)
 
     def verify(self, cache: HybridCache, tree: Tree, hidden_layers: tuple[int, ...] = ()) -> VerifyOutput:
         """Logits at every node (the prediction of the token that follows it); the committed state is unchanged."""
