@@ -103,27 +103,3 @@ def count_operations(work: Callable[[], Any]) -> OperationCount:
         work()
     return count
 
-
-def trace_operations(work: Callable[[], Any]) -> list[str]:
-    """The compute operations of `work` in order, with their call sites in this package (for reading a count)."""
-    import traceback
-
-    names: list[str] = []
-
-    class _Tracing(_Counting):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            before = self.count.compute
-            out = super().__torch_dispatch__(func, types, args, kwargs)
-            if self.count.compute > before:
-                frames = [
-                    f
-                    for f in traceback.extract_stack()
-                    if "remote_worker" in f.filename or "transformers" in f.filename
-                ]
-                where = f"{frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else "?"
-                names.append(f"{_name(func)} @ {where}")
-            return out
-
-    with torch.no_grad(), _Tracing(OperationCount()):
-        work()
-    return names
