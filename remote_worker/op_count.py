@@ -102,4 +102,3 @@ def count_operations(work: Callable[[], Any]) -> OperationCount:
     with torch.no_grad(), _Constructors(count), _Counting(count):
         work()
     return count
-
