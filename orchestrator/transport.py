@@ -9,12 +9,15 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from invoke import Context
+
+from orchestrator.errors import Interrupted
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,10 @@ class LocalTransport:
         result = self._context.run(
             shlex.join(argv), hide=True, warn=True, in_stream=False, env=dict(env or {}), pty=False
         )
+        if result.exited == -signal.SIGINT:
+            # The terminal's Ctrl-C reaches the whole process group, this command included: it did not fail,
+            # it was interrupted (over SSH the remote command never sees it).
+            raise Interrupted("interrupted by the user (Ctrl-C)")
         return command_result(argv, result.exited, result.stdout, result.stderr, check)
 
     def read_bytes(self, path: str, offset: int, limit: int) -> bytes:

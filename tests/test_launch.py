@@ -245,3 +245,13 @@ def test_over_ssh_the_environment_travels_by_sftp_and_stays_out_of_ps(sshd, tmp_
         stop_worker(ssh, str(run_dir), grace_s=1.0)
     finally:
         ssh.close()
+
+
+def test_a_local_command_killed_by_the_terminals_ctrl_c_is_an_interruption_not_a_failure() -> None:
+    """Ctrl-C reaches the orchestrator's whole process group: a status query it kills must end the run as
+    interrupted (KILLED), not FAILED with a command error."""
+    from orchestrator.errors import Interrupted
+    from orchestrator.transport import LocalTransport
+
+    with pytest.raises(Interrupted):
+        LocalTransport().run(["sh", "-c", "kill -INT $$; sleep 5"])
