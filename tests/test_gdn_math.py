@@ -16,6 +16,7 @@ from remote_worker.cache.gdn_math import (
     tree_conv,
     tree_delta_rule,
 )
+from remote_worker.cache.hybrid_cache import CacheLayout, GDNPending, HybridCache
 from remote_worker.cache.tree import Tree
 
 pytestmark = pytest.mark.worker  # also run under the oldest supported transformers (make test-compat)
@@ -120,13 +121,26 @@ def test_a_flat_sequence_through_a_tree_is_wrong() -> None:
     assert torch.allclose(exact[:, :2], flat[:, :2])
 
 
-@settings(max_examples=40, deadline=None)
-@given(tree=trees(), seed=st.integers(0, 2**31 - 1), groups=st.sampled_from([2, 3]))
-def test_grouped_value_heads_equal_the_recurrence_with_repeated_keys(tree: Tree, seed: int, groups: int) -> None:
+def grouped_inputs(n: int, key_heads: int, groups: int, seed: int, dk: int = 5, dv: int = 7):
+    """Random inputs with `key_heads` key heads and `groups` value heads per key head (Hv = r·Hk)."""
+    q, k, v, g, beta, state = random_inputs(n, torch.float64, seed, heads=key_heads * groups, dk=dk, dv=dv)
+    return q[::groups], k[::groups], v, g, beta, state  # value head h reads key head h // r
+
+
+# (key heads, value heads per key head): the published layouts (Qwen3.5/3.6-27B 16×3, Qwen3-Next 16×2) and
+# r ∈ {1, 2, 3, 6} with the two axes unequal, so that reading one for the other fails.
+GROUPINGS = [(16, 3), (16, 2), (4, 1), (4, 2), (4, 3), (4, 6), (2, 3), (3, 2), (5, 6)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(tree=trees(), seed=st.integers(0, 2**31 - 1), grouping=st.sampled_from(GROUPINGS))
+def test_grouped_value_heads_equal_the_recurrence_with_repeated_keys(
+    tree: Tree, seed: int, grouping: tuple[int, int]
+) -> None:
     """With fewer key heads than value heads (Qwen3.5/3.6: 16 and 48), value head h reads key head h // r,
     as the model's repeat_interleave does; outputs and the committed state must equal the recurrence's."""
-    q, k, v, g, beta, state = random_inputs(tree.size, torch.float64, seed, heads=2 * groups)
-    q, k = q[::groups], k[::groups]  # 2 key heads
+    key_heads, groups = grouping
+    q, k, v, g, beta, state = grouped_inputs(tree.size, key_heads, groups, seed)
     result = tree_delta_rule(q, k, v, g, beta, state, tree.ancestor_mask())
     q_rep, k_rep = q.repeat_interleave(groups, dim=0), k.repeat_interleave(groups, dim=0)
     last = seed % tree.size
@@ -137,3 +151,35 @@ def test_grouped_value_heads_equal_the_recurrence_with_repeated_keys(tree: Tree,
         )
         assert_close(result.out[:, node], ref_out[:, -1], torch.float64)
         assert_close(commit_state(state, k, result, path), ref_state, torch.float64)
+
+
+@settings(max_examples=40, deadline=None)
+@given(tree=trees(), seed=st.integers(0, 2**31 - 1), grouping=st.sampled_from(GROUPINGS))
+def test_the_caches_grouped_state_commits_the_recurrence(tree: Tree, seed: int, grouping: tuple[int, int]) -> None:
+    """The same through `HybridCache`: two GDN layers verified from the cache's own grouped state
+    ([layers, Hk, d_k, r, d_v], read as [Hk, r, d_k, d_v]) and committed together by `commit`."""
+    key_heads, groups = grouping
+    dk, dv, kernel, layers = 5, 7, 4, 2
+    conv_dim = 2 * key_heads * dk + key_heads * groups * dv
+    layout = CacheLayout(torch.device("cpu"), torch.float64, None, (kernel - 1, conv_dim, key_heads, groups, dk, dv))
+    cache = HybridCache(["gdn"] * layers, layout)
+    ctx = cache.begin(tree, torch.device("cpu"), torch.float64)
+    starts, expected = [], []
+    last = seed % tree.size
+    path = tree.path_to(last)
+    for slot in range(layers):
+        q, k, v, g, beta, state = grouped_inputs(tree.size, key_heads, groups, seed + slot)
+        cache.recurrent[slot] = state.unflatten(0, (key_heads, groups)).transpose(1, 2)  # the cache's layout
+        _, grouped_state = cache.gdn_state(slot)
+        result = tree_delta_rule(q, k, v, g, beta, grouped_state, ctx.mask, ctx.ancestors, ctx.decay_bias)
+        extended = torch.randn(kernel - 1 + tree.size, conv_dim, dtype=torch.float64)
+        cache.pending[slot] = GDNPending(extended=extended, keys=k, result=result)
+        q_rep, k_rep = q.repeat_interleave(groups, dim=0), k.repeat_interleave(groups, dim=0)
+        _, ref_state = recurrent_reference(q_rep[:, path], k_rep[:, path], v[:, path], g[:, path], beta[:, path], state)
+        starts.append(extended)
+        expected.append(ref_state)
+    cache.commit(path)
+    for slot in range(layers):
+        conv, committed = cache.gdn_state(slot)
+        assert_close(committed.flatten(0, 1), expected[slot], torch.float64)  # [Hv, d_k, d_v]
+        assert torch.equal(conv, commit_conv_state(starts[slot], conv_windows(tree.parents, kernel), last))

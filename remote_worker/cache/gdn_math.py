@@ -86,7 +86,7 @@ def commit_state(
     `grouped`: the state is [..., Hk, r, d_k, d_v], and so is the result."""
     index = torch.as_tensor(path, device=k.device)
     hk = k.shape[-3]
-    r = state.shape[-4] if grouped else state.shape[-3] // hk
+    r = result.u.shape[-3] // hk  # value heads per key head (Hv = r·Hk), whatever the state's layout
     c_path = result.c[..., index].unflatten(-2, (hk, r))  # [..., Hk, r, L]
     weighted_keys = k[..., index, :].unsqueeze(-3) * (c_path[..., -1:] - c_path).exp()[..., None]  # [.., Hk, r, L, d_k]
     deltas = result.u[..., index, :].unflatten(-3, (hk, r))  # [..., Hk, r, L, d_v]
