@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from remote_worker.cache.tree import Tree
 from remote_worker.decoding.tree_build import best_first_tree, chain_tree
 from remote_worker.probes.hybrid_cache_check import check_hybrid_cache
+from tests.rounding import model_bound, own_forward_bound
 from tests.tiny_models import TINY_MODELS, random_prompt, tiny
 
 pytestmark = pytest.mark.worker  # also run under the oldest supported transformers (make test-compat)
@@ -31,15 +32,17 @@ def test_forward_through_the_cache_matches_the_model(name: str) -> None:
     for token in tokens[30:]:
         steps.append(target.verify(cache, Tree.chain(token[None])).logits[0].double())
         cache.commit([0])
-    assert (torch.stack(steps) - reference[30:]).abs().max() < 1e-5
+    assert (torch.stack(steps) - reference[30:]).abs().max() <= own_forward_bound(target, 1.0, 40)
     assert cache.length == 40
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("name", TINY_MODELS)
 def test_tree_verify_and_commit_equal_recomputation(name: str, dtype: str) -> None:
+    """float64 computes in float64 throughout (norms and routing included), so two evaluations differ by
+    float64 roundings only: the bound is derived from the arithmetic (tests/rounding.py), not from a CPU."""
     target, _ = tiny(name, dtype)
-    tolerance = 1e-9 if dtype == "float64" else 1e-5
+    tolerance = model_bound(target, scale=1.0, tree_size=20)
     for seed in range(3):
         report = check_hybrid_cache(target, random_prompt(seed), tree_size=20, seed=seed)
         assert report["tree_verify_max_abs_diff"] < tolerance, report

@@ -6,6 +6,11 @@ Qwen3-Next scale by (1 + weight) in float32 before casting back; Qwen3 casts bac
 weight in the model's dtype. Both compute the statistics in float32, whatever the model's dtype. Which
 form a module has is read once by comparing both with the module's own output; a norm that is neither
 keeps its own forward.
+
+A float64 model is the exception: it is the worker's reference, so it computes in float64 throughout and
+no step rounds to float32 (the modules' own forwards do, which made two float64 computations of the same
+logits differ by a float32 rounding now and then, depending on the CPU). It differs from the model's own
+float64 forward by those roundings, about 1e-7 relative, and from itself by float64 roundings only.
 """
 
 from __future__ import annotations
@@ -22,13 +27,18 @@ def cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x if x.dtype == dtype else x.to(dtype)
 
 
+def statistics_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Norms compute in float32, or in float64 for a float64 model (see the module's doc)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 class FastRMSNorm:
     def __init__(self, module: nn.Module) -> None:
         self.module = module
         self.eps = float(getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6)))
         weight = module.weight.detach()
         self.shape = (weight.shape[-1],)
-        self.scale_in_float = (1.0 + weight.float()).contiguous()  # the (1 + weight) form
+        self.scale_in_float = (1.0 + weight.to(statistics_dtype(weight.dtype))).contiguous()  # the (1 + weight) form
         self.scale_after_cast = weight  # the plain form
         self.form = self._identify(module)
 
@@ -43,7 +53,7 @@ class FastRMSNorm:
             expected = copy(probe).float()
             errors = {}
             for form in ("1+w", "w"):
-                actual = self._apply(probe, form, (1.0 + copy.weight.float()), copy.weight)
+                actual = self._apply(probe, form, 1.0 + copy.weight.to(statistics_dtype(dtype)), copy.weight)
                 errors[form] = (actual.float() - expected).abs().max().item()
         form, error = min(errors.items(), key=lambda item: item[1])
         tolerance = 1e-2 * expected.abs().max().item() if dtype in (torch.bfloat16, torch.float16) else 1e-5
@@ -52,9 +62,9 @@ class FastRMSNorm:
     def _apply(
         self, x: torch.Tensor, form: str, scale_in_float: torch.Tensor, scale_after_cast: torch.Tensor
     ) -> torch.Tensor:
-        if form == "1+w":
-            return cast(F.rms_norm(cast(x, torch.float32), self.shape, scale_in_float, self.eps), x.dtype)
-        if x.dtype == torch.float32:  # casting back is a no-op: the weight goes inside the one call
+        if form == "1+w":  # scale_in_float: (1 + weight) in the statistics' dtype
+            return cast(F.rms_norm(cast(x, statistics_dtype(x.dtype)), self.shape, scale_in_float, self.eps), x.dtype)
+        if x.dtype in (torch.float32, torch.float64):  # no cast back: the weight goes inside the one call
             return F.rms_norm(x, self.shape, scale_after_cast, self.eps)
         return F.rms_norm(x.float(), self.shape, None, self.eps).to(x.dtype) * scale_after_cast
 
@@ -88,7 +98,7 @@ class FastGatedRMSNorm:
         return bool((actual - expected).abs().max() <= tolerance * expected.abs().max())
 
     def _apply(self, x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:
+        if x.dtype in (torch.float32, torch.float64):  # float64: no step through float32 (module doc)
             return F.rms_norm(x, self.shape, weight, self.eps) * F.silu(z)
         normed = weight * F.rms_norm(x.float(), self.shape, None, self.eps).to(x.dtype)
         return (normed * F.silu(z.float())).to(x.dtype)

@@ -1,0 +1,235 @@
+"""Tiny twins of the published models, derived by code from their `config.json`.
+
+A twin shrinks only what no shape in the worker depends on and keeps every count and ratio that some
+shape does depend on (`remote_worker.models.layout`), so a test on the twin exercises the same
+reshapes, groupings and index arithmetic as the real checkpoint, at a size a CPU decodes in seconds.
+
+Shrunk: the widths (hidden, intermediate, GDN key and value head dims, the attention head dim unless mrope
+sections pin it, the experts' widths), the vocabulary (512), the number of experts (twice the routed
+experts per token), the depth (whole periods of the layer pattern: two, or enough for the drafts' target
+layers to stay distinct), and a draft's sliding window (w → max(block_size + 1, w / 64), so contexts of
+a few dozen tokens already pass it, as real contexts pass 2048).
+
+Kept: the layer pattern, GDN key/value heads (16:48, 16:32), the conv kernel, attention query/KV heads
+(24:4, 16:2, 32:8), the gated attention output, partial rotary and mrope sections (the head dim that
+sections of 11+11+10 frequencies at 0.25 imply, 256, is kept), routed experts per token and the shared
+expert, tied or untied embeddings; for a draft its layer types, block size, number of target layers
+(mapped proportionally into the cut depth), query/KV heads and the schema it keeps `block_size` in.
+
+Every width is chosen to differ from every kept count and from every other width, so that no two axes of
+a tensor are equal by accident: a bug that reads one axis for another fails on a twin as on the real model
+(the 2-key-head, 4-value-head toys hid one such bug). A config added to `data/model_configs/` gets its twin,
+and its place in the exactness suite, with no new code.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from remote_worker.models.layout import DraftLayout, TargetLayout, is_draft, layer_types, period, published, text_config
+
+VOCAB = 512
+WINDOW_SCALE = 64
+# Keys that describe a file or a tokenizer, not a shape (token ids would fall outside the twin's vocabulary).
+_DROP = {
+    "architectures", "auto_map", "model_type", "transformers_version", "dtype", "torch_dtype",
+    "bos_token_id", "eos_token_id", "pad_token_id",
+}  # fmt: skip
+_CANDIDATES = {
+    "hidden": (40, 44, 52, 60, 68),
+    "intermediate": (72, 76, 84, 92, 100),
+    "gdn_key_dim": (8, 10, 14, 22),
+    "gdn_value_dim": (12, 18, 26, 30),
+    "head_dim": (40, 48, 56, 64, 72),  # multiples of 8: a 0.25 partial rotary stays an even number of dims
+    "expert_intermediate": (20, 28, 36, 44),
+    "shared_intermediate": (36, 44, 52, 60),
+    "draft_intermediate": (80, 88, 96, 104),
+    "draft_head_dim": (20, 28, 36, 44),
+}
+
+
+def _pick(kind: str, taken: set[int], accept: Any = None) -> int:
+    """The first candidate width that equals no kept count and no width already chosen."""
+    for width in _CANDIDATES[kind]:
+        if width not in taken and (accept is None or accept(width)):
+            taken.add(width)
+            return width
+    raise ValueError(f"no {kind} width left that differs from {sorted(taken)}")
+
+
+def text_arch(architectures: list[str]) -> str:
+    """The class a run loads: a multimodal checkpoint is used text-only (as conf/model/ does)."""
+    arch = architectures[0]
+    return arch.replace("ForConditionalGeneration", "ForCausalLM")
+
+
+@dataclass(frozen=True)
+class TwinTarget:
+    name: str  # the published checkpoint's name
+    arch: str  # the transformers class the twin is built with
+    config: dict[str, Any]  # keyword arguments of that class's config
+    model_type: str
+
+    @property
+    def layout(self) -> TargetLayout:
+        return TargetLayout.of({**self.config, "model_type": self.model_type})
+
+
+@dataclass(frozen=True)
+class TwinDraft:
+    name: str
+    config: dict[str, Any]  # a DFlash config.json's values, in the published schema
+
+    @property
+    def layout(self) -> DraftLayout:
+        return DraftLayout.of(self.config)
+
+    @property
+    def window(self) -> int | None:
+        return self.config.get("sliding_window") if self.layout.windowed else None
+
+
+@dataclass(frozen=True)
+class TwinCase:
+    """A target twin and one draft twin to decode with (None: the target has no published draft)."""
+
+    target: TwinTarget
+    draft: TwinDraft | None
+
+    @property
+    def id(self) -> str:
+        return self.target.name if self.draft is None else self.draft.name
+
+
+def kept_counts(values: dict[str, Any]) -> set[int]:
+    """Every count a config's shapes depend on (kept by its twin; no width may equal one)."""
+    text = text_config(values)
+    keys = (
+        "num_attention_heads", "num_key_value_heads", "linear_num_key_heads", "linear_num_value_heads",
+        "linear_conv_kernel_dim", "num_experts_per_tok", "block_size", "num_hidden_layers",
+    )  # fmt: skip
+    counts = {int(text[k]) for k in keys if isinstance(text.get(k), int)}
+    if text.get("linear_num_key_heads"):
+        counts.add(int(text["linear_num_value_heads"]) // int(text["linear_num_key_heads"]))
+    counts.add(int(text["num_attention_heads"]) // int(text["num_key_value_heads"]))
+    if text.get("num_experts_per_tok"):
+        counts.add(2 * int(text["num_experts_per_tok"]))  # the twin's number of experts
+    dflash = values.get("dflash_config") or {}
+    counts.update(int(v) for k, v in dflash.items() if k == "block_size")
+    counts.add(len(dflash.get("target_layer_ids") or ()))
+    return counts - {0}
+
+
+def _depth(text: dict[str, Any], draft_layers: int) -> int:
+    """Whole periods of the pattern: two, or more when a draft reads more target layers than that."""
+    p = period(layer_types(text))
+    return p * max(2, math.ceil(draft_layers / p))
+
+
+def map_layers(ids: Iterable[int], published_depth: int, depth: int) -> list[int]:
+    """Target layer ids of a `published_depth`-layer model placed proportionally in `depth` layers, kept
+    distinct and increasing where the depth allows."""
+    mapped: list[int] = []
+    for i in ids:
+        layer = min(depth - 1, int(i) * depth // published_depth)
+        if mapped and layer <= mapped[-1] and mapped[-1] + 1 < depth:
+            layer = mapped[-1] + 1
+        mapped.append(layer)
+    return mapped
+
+
+def target_twin(name: str, values: dict[str, Any], drafts: list[dict[str, Any]], taken: set[int]) -> TwinTarget:
+    text = text_config(values)
+    depth = _depth(text, max((len(d["dflash_config"]["target_layer_ids"]) for d in drafts), default=0))
+    config = {k: v for k, v in text.items() if k not in _DROP}
+    rope = {**{k: text[k] for k in ("partial_rotary_factor",) if k in text}, **(text.get("rope_parameters") or {})}
+    section = rope.get("mrope_section")
+    partial = float(rope.get("partial_rotary_factor", 1.0))
+    if section:  # mrope sections count rotary frequencies: they fix the rotary dims, and so the head dim
+        head_dim = round(2 * sum(section) / partial)
+        taken.add(head_dim)
+    else:
+        head_dim = _pick("head_dim", taken, lambda w: (w * partial) % 2 == 0)
+    config.update(
+        vocab_size=VOCAB,
+        hidden_size=_pick("hidden", taken),
+        intermediate_size=_pick("intermediate", taken),
+        num_hidden_layers=depth,
+        head_dim=head_dim,
+    )
+    if "layer_types" in text:
+        config["layer_types"] = list(text["layer_types"])[:depth]
+    if text.get("linear_num_key_heads"):
+        config.update(
+            linear_key_head_dim=_pick("gdn_key_dim", taken), linear_value_head_dim=_pick("gdn_value_dim", taken)
+        )
+    if text.get("num_experts"):
+        config.update(
+            num_experts=2 * int(text["num_experts_per_tok"]), moe_intermediate_size=_pick("expert_intermediate", taken)
+        )
+        if text.get("shared_expert_intermediate_size"):
+            config["shared_expert_intermediate_size"] = _pick("shared_intermediate", taken)
+    if "tie_word_embeddings" in values:  # a multimodal config says it at the top level
+        config["tie_word_embeddings"] = values["tie_word_embeddings"]
+    return TwinTarget(name, text_arch(values["architectures"]), config, str(text.get("model_type", "")))
+
+
+def draft_twin(name: str, values: dict[str, Any], target: TwinTarget, taken: set[int]) -> TwinDraft:
+    config = {k: v for k, v in values.items() if k not in _DROP}
+    depth = target.config["num_hidden_layers"]
+    dflash = dict(config["dflash_config"])
+    published_depth = int(values.get("num_target_layers") or max(dflash["target_layer_ids"]) + 1)
+    dflash.update(
+        target_layer_ids=map_layers(dflash["target_layer_ids"], published_depth, depth), mask_token_id=VOCAB - 1
+    )
+    config.update(
+        vocab_size=VOCAB,
+        hidden_size=target.config["hidden_size"],
+        intermediate_size=_pick("draft_intermediate", taken),
+        head_dim=_pick("draft_head_dim", taken),
+        num_target_layers=depth,
+        dflash_config=dflash,
+    )
+    if config.get("sliding_window"):
+        block = int(dflash.get("block_size") or config["block_size"])
+        config["sliding_window"] = max(block + 1, int(config["sliding_window"]) // WINDOW_SCALE)
+    return TwinDraft(name, config)
+
+
+def draft_target(draft: str, targets: list[str]) -> str:
+    """The published target a draft is for: the one its name extends ('Qwen3.6-27B-DFlash' → 'Qwen3.6-27B'),
+    else, for a draft whose target is not in the set, the target of its vocabulary whose name shares the
+    longest prefix with it (the draft's shapes are what is tested; its target layers are mapped anyway)."""
+    own = [t for t in targets if draft.startswith(t + "-")]
+    if own:
+        return max(own, key=len)
+    vocab = published()[draft].get("vocab_size")
+    family = [t for t in targets if text_config(published()[t]).get("vocab_size") == vocab] or targets
+    return max(family, key=lambda t: (len(_common_prefix(t, draft)), t))
+
+
+def _common_prefix(a: str, b: str) -> str:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return a[:n]
+
+
+def twin_cases() -> list[TwinCase]:
+    """Every published draft with its target's twin, and every target without a draft on its own."""
+    configs = published()
+    targets = [name for name, values in configs.items() if not is_draft(values)]
+    drafts = [name for name, values in configs.items() if is_draft(values)]
+    paired = {t: [d for d in drafts if draft_target(d, targets) == t] for t in targets}
+    cases = []
+    for target in targets:
+        family = [configs[target], *(configs[d] for d in paired[target])]
+        taken = set().union(*(kept_counts(v) for v in family))
+        twin = target_twin(target, configs[target], [configs[d] for d in paired[target]], taken)
+        cases.extend(TwinCase(twin, draft_twin(d, configs[d], twin, taken)) for d in paired[target])
+        if not paired[target]:
+            cases.append(TwinCase(twin, None))
+    return cases
