@@ -253,5 +253,12 @@ def test_a_local_command_killed_by_the_terminals_ctrl_c_is_an_interruption_not_a
     from orchestrator.errors import Interrupted
     from orchestrator.transport import LocalTransport
 
-    with pytest.raises(Interrupted):
-        LocalTransport().run(["sh", "-c", "kill -INT $$; sleep 5"])
+    # A terminal's foreground job starts with SIGINT at its default; a test runner started in the background
+    # (`make test &`, some CI harnesses) inherits it ignored, and so would the command (an ignored signal
+    # stays ignored across exec): it would never die of the Ctrl-C. Give it the terminal's disposition.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(Interrupted):
+            LocalTransport().run(["sh", "-c", "kill -INT $$; sleep 5"])
+    finally:
+        signal.signal(signal.SIGINT, previous)
