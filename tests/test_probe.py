@@ -84,6 +84,8 @@ def test_probe_answers_reach_the_event_log(tmp_path: Path) -> None:
     assert params["probe.model.class"] == "Qwen3_5ForCausalLM"
     assert params["probe.model.layer_type_counts"] == "full_attention=1, linear_attention=3"
     assert params["probe.cache.native_crop.result"] == report["cache"]["native_crop"]["result"]
+    assert params["layout.gdn_key_value_heads"] == "2/4 (r=2)" and params["layout.pattern"] == "gdn+gdn+gdn+attention"
+    assert params["layout.draft_layer_types"] == "attention" and params["layout.draft_target_layers"] == "0,2"
     assert metrics["probe.model.num_parameters"] == report["model"]["num_parameters"]
     assert [e.data["path"] for e in events if e.kind == "artifact"] == [PROBE_FILE]
     progress = [e.data["completed"] for e in events if e.kind == "progress"]

@@ -95,6 +95,8 @@ def test_sampling_sweep_reports_no_lossless(tmp_path: Path) -> None:
     assert {e.scope for e in summaries} == {"ar", "dflash", "ddtree_tb8"}
     assert all("lossless" not in e.data and e.data["tokens_per_s"] > 0 for e in summaries)
     assert log[-1].data["status"] == "FINISHED"
+    layout = {k: v for e in log if e.kind == "params" and e.scope is None for k, v in e.data.items()}
+    assert layout["layout.gdn_key_value_heads"] == "2/4 (r=2)" and layout["layout.draft_block_size"] == "8"
 
 
 def test_a_stop_swallowed_by_library_code_still_ends_the_run_killed(

@@ -23,6 +23,7 @@ from remote_worker import stop_signal
 from remote_worker.decoding.comparison import Comparison, Method, PromptRun, Settings, methods_for, run_prompt
 from remote_worker.decoding.divergence import Divergence
 from remote_worker.events import EventLog
+from remote_worker.models.layout import layout_params
 from remote_worker.models.loading import (
     context_length,
     load_drafter,
@@ -85,6 +86,10 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
         "loaded %s (%s, %s) and its draft in %.1f s",
         spec.model.name, str(target.dtype).removeprefix("torch."), target.device, time.perf_counter() - started,
     )  # fmt: skip
+    params, uncovered = layout_params(model, drafter.config.to_dict(), spec.model.source == "pretrained")
+    log.emit("params", params)
+    if uncovered:
+        LOG.warning("%s", uncovered)
     if spec.decode.get("block_size"):
         drafter.block_size = int(spec.decode["block_size"])
     if spec.decode.get("compile"):

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import torch
 
 from remote_worker.events import EventLog
-from remote_worker.models.loading import load_model
+from remote_worker.models.layout import layout_params
+from remote_worker.models.loading import draft_config_values, load_model
 from remote_worker.models.target import TargetModel
 from remote_worker.probes.cache_behaviour import probe_cache
 from remote_worker.probes.environment import probe_environment
@@ -16,6 +18,7 @@ from remote_worker.probes.hybrid_cache_check import check_hybrid_cache
 from remote_worker.probes.model_structure import probe_model
 from remote_worker.spec import Spec
 
+LOG = logging.getLogger(__name__)
 PROBE_FILE = "probe.json"
 
 
@@ -76,6 +79,11 @@ def run_probe(spec: Spec, log: EventLog) -> dict[str, str]:
     log.progress("probe", 2, steps, "model structure")
     report["model"] = probe_model(model, input_ids)
     report["model"]["name"] = spec.model.name
+    layout, uncovered = layout_params(model, draft_config_values(spec.model), spec.model.source == "pretrained")
+    log.emit("params", layout)
+    report["layout"] = layout
+    if uncovered:
+        LOG.warning("%s", uncovered)
 
     log.progress("probe", 3, steps, "cache behaviour")
     report["cache"] = probe_cache(model, input_ids, crop)

@@ -200,30 +200,51 @@ def tested() -> dict[str, dict[str, Any]]:
     return {**published(), **fixtures}
 
 
-def covering_target(layout: TargetLayout) -> str | None:
-    """The tested model (a published one's twin, or a fixture) with this layout, if any."""
-    return next((name for name, v in tested().items() if not is_draft(v) and TargetLayout.of(v) == layout), None)
+def covering_target(layout: TargetLayout) -> list[str]:
+    """The tested models (published ones, through their twins, and fixtures) with this layout."""
+    return [name for name, v in tested().items() if not is_draft(v) and TargetLayout.of(v) == layout]
 
 
-def covering_draft(layout: DraftLayout) -> str | None:
-    return next((name for name, v in tested().items() if is_draft(v) and DraftLayout.of(v) == layout), None)
+def covering_draft(layout: DraftLayout) -> list[str]:
+    return [name for name, v in tested().items() if is_draft(v) and DraftLayout.of(v) == layout]
 
 
 def uncovered_warning(target: TargetLayout, draft: DraftLayout | None) -> str | None:
     """One line when no twin in `make test` has this layout (its exactness was never checked at these shapes)."""
     missing = []
-    if covering_target(target) is None:
+    if not covering_target(target):
         missing.append(f"target ({target.describe()})")
-    if draft is not None and covering_draft(draft) is None:
+    if draft is not None and not covering_draft(draft):
         missing.append(f"draft ({','.join(draft.layer_types)}, block {draft.block_size}, heads "
                        f"{draft.attention_heads[0]}/{draft.attention_heads[1]})")  # fmt: skip
     if not missing:
         return None
     return (
-        f"no twin in make test has this layout: {'; '.join(missing)}; the exactness suite covers "
-        f"{', '.join(sorted(published()))} (add its config.json to remote_worker/data/model_configs/)"
+        f"layout never checked by make test: {'; '.join(missing)}; add the checkpoint's config.json to "
+        "remote_worker/data/model_configs/ and make test checks a twin of it"
     )
 
 
 def as_record(target: TargetLayout, draft: DraftLayout | None) -> dict[str, Any]:
     return {"target": asdict(target), "draft": None if draft is None else asdict(draft)}
+
+
+def layout_params(
+    model: Any, draft: dict[str, Any] | None, checkpoint: bool = True
+) -> tuple[dict[str, str], str | None]:
+    """What a run records of the layout it loaded (`layout.*` params: heads, pattern, rotary, the draft's layer
+    types, window and target layers, and which tested model has the same layout), and the one-line warning
+    when none does. `model`: a loaded transformers model; `draft`: the draft's config values; `checkpoint`:
+    the model was loaded from a checkpoint (a model built from an inline config is a test model of the
+    user's own, tested where it is defined: no warning)."""
+    config = model.config
+    target = TargetLayout.of({**config.to_dict(), "text_config": config.get_text_config().to_dict()})
+    params = target.params()
+    params["layout.tested_as"] = ", ".join(covering_target(target)) or "none"
+    draft_layout = None if draft is None else DraftLayout.of(draft)
+    if draft is not None and draft_layout is not None:
+        window = draft.get("sliding_window") if draft_layout.windowed else None
+        ids = tuple((draft.get("dflash_config") or {}).get("target_layer_ids") or ())
+        params.update(draft_layout.params(window, ids))
+        params["layout.draft_tested_as"] = ", ".join(covering_draft(draft_layout)) or "none"
+    return params, uncovered_warning(target, draft_layout) if checkpoint else None

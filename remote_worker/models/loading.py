@@ -177,6 +177,16 @@ def load_drafter(spec: ModelSpec, seed: int, target: transformers.PreTrainedMode
     return draft
 
 
+def draft_config_values(spec: ModelSpec) -> dict[str, Any] | None:
+    """The draft's config, without loading its weights: its checkpoint's config.json, or the inline config."""
+    if spec.draft is None:
+        return None
+    if spec.draft.source == "config":
+        return dict(spec.draft.config)
+    path = checkpoint_dir(spec.draft.path) / "config.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
 def load_tokenizer(spec: ModelSpec) -> Any | None:
     """The checkpoint's tokenizer; None for models built from a config (their prompts are bytes)."""
     if spec.source != "pretrained":
