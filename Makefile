@@ -9,7 +9,7 @@ ARGS ?=
 COMPAT_VENV := .venv-compat
 COMPAT_STAMP := $(COMPAT_VENV)/.installed
 
-.PHONY: run sweep test test-compat bench fixtures lint ui lock clean
+.PHONY: run sweep test test-compat test-realwidth bench fixtures lint ui lock clean
 
 $(STAMP): requirements/worker.txt requirements/local.txt requirements/dev.txt requirements/lock.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -40,6 +40,10 @@ WORKER_TESTS = $(shell grep -l "pytest.mark.worker" tests/test_*.py)
 
 test-compat: $(COMPAT_STAMP)
 	$(COMPAT_VENV)/bin/python -m pytest -m worker -p no:cacheprovider $(WORKER_TESTS) $(ARGS)
+
+## test-realwidth: one period of Qwen3.6-27B at its real widths, float32 and bfloat16 (minutes, ~10 GB)
+test-realwidth: $(STAMP)
+	$(PY) -m pytest -m realwidth -s tests/test_real_width.py $(ARGS)
 
 ## bench: the worker's benchmark (JSON and a Markdown table in bench/results/)
 bench: $(STAMP)

@@ -233,3 +233,16 @@ def twin_cases() -> list[TwinCase]:
         if not paired[target]:
             cases.append(TwinCase(twin, None))
     return cases
+
+
+def one_period(name: str, vocab: int = 1024) -> TwinTarget:
+    """The published target at its real widths, cut to one whole period of its layer pattern, with a small
+    vocabulary (the embedding and head are the only tensors it sizes): the real-width check's model."""
+    values = published()[name]
+    text = text_config(values)
+    depth = period(layer_types(text))
+    config = {k: v for k, v in text.items() if k not in _DROP}
+    config.update(vocab_size=vocab, num_hidden_layers=depth)
+    if "layer_types" in text:
+        config["layer_types"] = list(text["layer_types"])[:depth]
+    return TwinTarget(name, text_arch(values["architectures"]), config, str(text.get("model_type", "")))
