@@ -88,3 +88,22 @@ def test_the_probe_records_the_layout_and_warns_for_an_untested_checkpoint(
     params = {k: v for e in events if e.kind == "params" for k, v in e.data.items()}
     assert params["layout.gdn_key_value_heads"] == "8/32 (r=4)" and params["layout.tested_as"] == "none"
     assert json.loads((tmp_path / "probe.json").read_text())["layout"]["layout.pattern"] == "gdn+gdn+gdn+attention"
+
+
+@pytest.mark.parametrize("name", sorted(published()))
+def test_a_published_checkpoint_loads_as_the_layout_its_config_says(name: str) -> None:
+    """The config class a run builds from each published config.json gives back the same layout (what a
+    run records is what make test's twin of it was checked at)."""
+    import transformers
+
+    from remote_worker.models.dflash import draft_config
+    from remote_worker.models.layout import is_draft, text_config
+    from remote_worker.models.twins import text_arch
+
+    values = published()[name]
+    if is_draft(values):
+        assert DraftLayout.of(draft_config(values).to_dict()) == DraftLayout.of(values)
+        return
+    cls = getattr(transformers, text_arch(values["architectures"]))
+    text = {k: v for k, v in text_config(values).items() if k != "model_type"}
+    assert TargetLayout.of(cls.config_class(**text).to_dict()) == TargetLayout.of(values)
