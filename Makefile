@@ -41,7 +41,7 @@ WORKER_TESTS = $(shell grep -l "pytest.mark.worker" tests/test_*.py)
 test-compat: $(COMPAT_STAMP)
 	$(COMPAT_VENV)/bin/python -m pytest -m worker -p no:cacheprovider $(WORKER_TESTS) $(ARGS)
 
-## test-realwidth: one period of Qwen3.6-27B at its real widths, float32 and bfloat16 (minutes, ~10 GB)
+## test-realwidth: one period of Qwen3.6-27B at its real widths, float32 and bfloat16 (about 2 minutes, 7 GB)
 test-realwidth: $(STAMP)
 	$(PY) -m pytest -m realwidth -s tests/test_real_width.py $(ARGS)
 

@@ -4,7 +4,7 @@
 Tree verification and commit through the hybrid cache are held against the model's own forward: in float32
 within the rounding bound (tests/rounding.py); in bfloat16 within the model's own bfloat16 error, i.e. our
 bfloat16 logits may not be further from the float32 truth than twice as far as the model's own bfloat16
-forward is (two evaluations with errors of that size). About 10 GB and a few minutes on 2 cores: not part of
+forward is (two evaluations with errors of that size). About 7 GB and 2 minutes on 2 cores: not part of
 `make test`; `make test-realwidth` runs it (and .ci/run does). Prints the figures.
 """
 

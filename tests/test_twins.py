@@ -76,9 +76,15 @@ def test_the_twin_keeps_the_published_layout(case_id: str) -> None:
     kinds = ["gdn" if k == "gdn" else "attention" for k in target.kinds]
     period = len(twin.layout.pattern)
     assert len(kinds) % period == 0 and kinds == list(twin.layout.pattern) * (len(kinds) // period)
-    width_keys = ("hidden_size", "intermediate_size", "linear_key_head_dim", "linear_value_head_dim")
-    widths = [twin.config[k] for k in width_keys if k in twin.config]
-    assert not set(widths) & kept_counts(published()[twin.name]), widths
+    target_widths = ("hidden_size", "intermediate_size", "linear_key_head_dim", "linear_value_head_dim",
+                     "moe_intermediate_size", "shared_expert_intermediate_size")  # fmt: skip
+    widths = [twin.config[k] for k in target_widths if k in twin.config]
+    if not twin.layout.mrope_section:  # sections fix the head dim (256): only a free one is chosen
+        widths.append(twin.config["head_dim"])
+    if case.draft is not None:
+        widths += [case.draft.config["intermediate_size"], case.draft.config["head_dim"]]
+    counts = kept_counts(published()[twin.name]) | (kept_counts(published()[case.draft.name]) if case.draft else set())
+    assert len(set(widths)) == len(widths) and not set(widths) & counts, (widths, counts)
     assert max(widths) <= 128 and sum(p.numel() for p in target.model.parameters()) < 20_000_000
     if case.draft is not None:
         assert case.draft.layout == DraftLayout.of(published()[case.draft.name])

@@ -42,8 +42,8 @@ def layer_types(text: dict[str, Any]) -> list[str]:
     count = int(text["num_hidden_layers"])
     if text.get("layer_types"):
         return list(text["layer_types"])[:count]
-    interval = text.get("full_attention_interval")
-    if interval and "linear_num_key_heads" in text:
+    interval = text.get("full_attention_interval") or (4 if "linear_num_key_heads" in text else None)
+    if interval:  # Qwen3-Next's rule (transformers' default interval: 4)
         return ["full_attention" if (i + 1) % int(interval) == 0 else "linear_attention" for i in range(count)]
     return ["full_attention"] * count
 
@@ -91,7 +91,10 @@ class TargetLayout:
             pattern=pattern,
             gdn_heads=(int(text["linear_num_key_heads"]), int(text["linear_num_value_heads"])) if has_gdn else None,
             conv_kernel=int(text["linear_conv_kernel_dim"]) if has_gdn else None,
-            attention_heads=(int(text["num_attention_heads"]), int(text["num_key_value_heads"])),
+            attention_heads=(
+                int(text["num_attention_heads"]),
+                int(text.get("num_key_value_heads") or text["num_attention_heads"]),
+            ),
             # Qwen3.5/3.6 and Qwen3-Next gate the attention output (transformers' default for them)
             gated_attention=bool(text.get("attn_output_gate", model_type.startswith(("qwen3_5", "qwen3_next")))),
             partial_rotary=float(rope.get("partial_rotary_factor", 1.0)),
@@ -162,7 +165,10 @@ class DraftLayout:
             and bool(values.get("use_sliding_window")),
             block_size=int(dflash.get("block_size") or values.get("block_size") or 0),
             target_layers=len(dflash.get("target_layer_ids") or ()),
-            attention_heads=(int(values["num_attention_heads"]), int(values["num_key_value_heads"])),
+            attention_heads=(
+                int(values["num_attention_heads"]),
+                int(values.get("num_key_value_heads") or values["num_attention_heads"]),
+            ),
             nested_block_size="block_size" in dflash,
         )
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import transformers
 
-from remote_worker.models.dflash import DFlashDraft, build_draft, load_draft
+from remote_worker.models.dflash import DFlashDraft, build_draft, draft_config, load_draft
 from remote_worker.spec import ModelSpec
 
 DTYPES = {
@@ -178,13 +178,17 @@ def load_drafter(spec: ModelSpec, seed: int, target: transformers.PreTrainedMode
 
 
 def draft_config_values(spec: ModelSpec) -> dict[str, Any] | None:
-    """The draft's config, without loading its weights: its checkpoint's config.json, or the inline config."""
+    """The draft's config as the drafter would build it (its checkpoint's config.json or the inline config,
+    resolved by the config class, e.g. a window dropped without `use_sliding_window`), weights not loaded."""
     if spec.draft is None:
         return None
-    if spec.draft.source == "config":
-        return dict(spec.draft.config)
-    path = checkpoint_dir(spec.draft.path) / "config.json"
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    values = dict(spec.draft.config)
+    if spec.draft.source != "config":
+        path = checkpoint_dir(spec.draft.path) / "config.json"
+        if not path.is_file():
+            return None
+        values = json.loads(path.read_text(encoding="utf-8"))
+    return draft_config(values).to_dict()
 
 
 def load_tokenizer(spec: ModelSpec) -> Any | None:

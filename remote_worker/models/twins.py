@@ -24,12 +24,22 @@ and its place in the exactness suite, with no new code.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from remote_worker.models.layout import DraftLayout, TargetLayout, is_draft, layer_types, period, published, text_config
+from remote_worker.models.layout import (
+    DraftLayout,
+    TargetLayout,
+    is_draft,
+    layer_types,
+    period,
+    published,
+    rope_values,
+    text_config,
+)
 
 VOCAB = 512
 WINDOW_SCALE = 64
@@ -38,26 +48,27 @@ _DROP = {
     "architectures", "auto_map", "model_type", "transformers_version", "dtype", "torch_dtype",
     "bos_token_id", "eos_token_id", "pad_token_id",
 }  # fmt: skip
-_CANDIDATES = {
-    "hidden": (40, 44, 52, 60, 68),
-    "intermediate": (72, 76, 84, 92, 100),
-    "gdn_key_dim": (8, 10, 14, 22),
-    "gdn_value_dim": (12, 18, 26, 30),
-    "head_dim": (40, 48, 56, 64, 72),  # multiples of 8: a 0.25 partial rotary stays an even number of dims
-    "expert_intermediate": (20, 28, 36, 44),
-    "shared_intermediate": (36, 44, 52, 60),
-    "draft_intermediate": (80, 88, 96, 104),
-    "draft_head_dim": (20, 28, 36, 44),
+# Each width: the first value of its progression (start, step) that equals no kept count and no width
+# chosen before it, so the supply never runs out however many drafts share a target.
+_WIDTHS = {
+    "hidden": (40, 4),
+    "intermediate": (72, 4),
+    "gdn_key_dim": (8, 2),
+    "gdn_value_dim": (12, 2),
+    "head_dim": (40, 8),  # multiples of 8: a 0.25 partial rotary stays an even number of dims
+    "expert_intermediate": (20, 4),
+    "shared_intermediate": (36, 4),
+    "draft_intermediate": (80, 4),
+    "draft_head_dim": (20, 4),
 }
 
 
 def _pick(kind: str, taken: set[int], accept: Any = None) -> int:
-    """The first candidate width that equals no kept count and no width already chosen."""
-    for width in _CANDIDATES[kind]:
-        if width not in taken and (accept is None or accept(width)):
-            taken.add(width)
-            return width
-    raise ValueError(f"no {kind} width left that differs from {sorted(taken)}")
+    """The first width of `kind`'s progression that equals no kept count and no width already chosen."""
+    start, step = _WIDTHS[kind]
+    width = next(w for w in itertools.count(start, step) if w not in taken and (accept is None or accept(w)))
+    taken.add(width)
+    return width
 
 
 def text_arch(architectures: list[str]) -> str:
@@ -114,7 +125,8 @@ def kept_counts(values: dict[str, Any]) -> set[int]:
     counts = {int(text[k]) for k in keys if isinstance(text.get(k), int)}
     if text.get("linear_num_key_heads"):
         counts.add(int(text["linear_num_value_heads"]) // int(text["linear_num_key_heads"]))
-    counts.add(int(text["num_attention_heads"]) // int(text["num_key_value_heads"]))
+    heads = int(text["num_attention_heads"])
+    counts.add(heads // int(text.get("num_key_value_heads") or heads))
     if text.get("num_experts_per_tok"):
         counts.add(2 * int(text["num_experts_per_tok"]))  # the twin's number of experts
     dflash = values.get("dflash_config") or {}
@@ -124,9 +136,11 @@ def kept_counts(values: dict[str, Any]) -> set[int]:
 
 
 def _depth(text: dict[str, Any], draft_layers: int) -> int:
-    """Whole periods of the pattern: two, or more when a draft reads more target layers than that."""
-    p = period(layer_types(text))
-    return p * max(2, math.ceil(draft_layers / p))
+    """Whole periods of the pattern: two, or more when a draft reads more target layers than that (never
+    more than the model has: a pattern that does not repeat is its whole depth)."""
+    types = layer_types(text)
+    p = period(types)
+    return min(len(types), p * max(2, math.ceil(draft_layers / p)))
 
 
 def map_layers(ids: Iterable[int], published_depth: int, depth: int) -> list[int]:
@@ -145,7 +159,7 @@ def target_twin(name: str, values: dict[str, Any], drafts: list[dict[str, Any]],
     text = text_config(values)
     depth = _depth(text, max((len(d["dflash_config"]["target_layer_ids"]) for d in drafts), default=0))
     config = {k: v for k, v in text.items() if k not in _DROP}
-    rope = {**{k: text[k] for k in ("partial_rotary_factor",) if k in text}, **(text.get("rope_parameters") or {})}
+    rope = rope_values(text)
     section = rope.get("mrope_section")
     partial = float(rope.get("partial_rotary_factor", 1.0))
     if section:  # mrope sections count rotary frequencies: they fix the rotary dims, and so the head dim
