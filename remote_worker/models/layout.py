@@ -19,7 +19,7 @@ no twin has is told so (`uncovered_warning`): `make test` has never exercised it
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -229,10 +229,6 @@ def uncovered_warning(target: TargetLayout, draft: DraftLayout | None) -> str | 
         f"layout never checked by make test: {'; '.join(missing)}; add the checkpoint's config.json to "
         "remote_worker/data/model_configs/ and make test checks a twin of it"
     )
-
-
-def as_record(target: TargetLayout, draft: DraftLayout | None) -> dict[str, Any]:
-    return {"target": asdict(target), "draft": None if draft is None else asdict(draft)}
 
 
 def layout_params(
