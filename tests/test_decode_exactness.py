@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from remote_worker.decoding.loop import decode
+from tests.lossless import assert_lossless
 from tests.teacher_drafter import TeacherDrafter
 from tests.tiny_models import TINY_MODELS, random_prompt, tiny
 
@@ -19,23 +20,10 @@ NEW_TOKENS = 24
 @pytest.mark.parametrize("name", TINY_MODELS)
 def test_speculative_decoding_is_lossless(name: str, dtype: str) -> None:
     target, draft = tiny(name, dtype)
-    accepted_deep = 0
-    for seed in SEEDS:
-        prompt = random_prompt(seed)
-        ar = decode(target, prompt, method="ar", max_new_tokens=NEW_TOKENS)
-        assert len(ar.tokens) == NEW_TOKENS and ar.tau == 1.0
-        teacher = TeacherDrafter(prompt.tolist() + ar.tokens, 512, draft.block_size, seed)
-        for drafter in (draft, teacher):
-            dflash = decode(target, prompt, method="dflash", max_new_tokens=NEW_TOKENS, drafter=drafter)
-            assert dflash.tokens == ar.tokens, (seed, "dflash", type(drafter).__name__)
-            for budget in BUDGETS:
-                tree = decode(
-                    target, prompt, method="ddtree", max_new_tokens=NEW_TOKENS, drafter=drafter, budget=budget
-                )
-                assert tree.tokens == ar.tokens, (seed, budget, type(drafter).__name__)
-                assert max(tree.tree_sizes) <= budget + 1
-                if drafter is teacher and budget >= 16:
-                    accepted_deep += max(tree.acceptance_lengths) >= 3
+    accepted_deep = sum(
+        assert_lossless(target, random_prompt(seed), draft, BUDGETS, NEW_TOKENS, seed, 512, draft.block_size, 16)
+        for seed in SEEDS
+    )
     # The teacher makes the loops commit multi-token paths through every layer type; make sure they did.
     assert accepted_deep >= len(SEEDS) * 3 // 2
 

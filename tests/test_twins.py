@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from remote_worker.cache.tree import Tree
-from remote_worker.decoding.loop import decode
 from remote_worker.models.dflash import DFlashDraft, build_draft
 from remote_worker.models.layout import DraftLayout, TargetLayout, published
 from remote_worker.models.loading import load_model
@@ -24,8 +23,8 @@ from remote_worker.models.target import TargetModel
 from remote_worker.models.twins import VOCAB, TwinCase, TwinTarget, kept_counts, twin_cases
 from remote_worker.probes.hybrid_cache_check import check_hybrid_cache, random_tree
 from remote_worker.spec import ModelSpec
+from tests.lossless import assert_lossless
 from tests.rounding import model_bound, own_forward_bound
-from tests.teacher_drafter import TeacherDrafter
 
 pytestmark = pytest.mark.worker  # also run under the oldest supported transformers (make test-compat)
 
@@ -182,19 +181,10 @@ def test_speculative_decoding_is_lossless(case_id: str, dtype: str) -> None:
     target, draft = target_twin(twin.name, dtype), draft_twin(case_id, dtype)
     window = case.draft.window if case.draft is not None else None
     block = draft.block_size if draft is not None else 16
-    accepted_deep = 0
-    for seed in range(3):
-        tokens = prompt(seed, (window or 8) + 3 + 5 * seed)
-        ar = decode(target, tokens, method="ar", max_new_tokens=NEW_TOKENS)
-        teacher = TeacherDrafter(tokens.tolist() + ar.tokens, VOCAB, block, seed)
-        for drafter in (d for d in (draft, teacher) if d is not None):
-            dflash = decode(target, tokens, method="dflash", max_new_tokens=NEW_TOKENS, drafter=drafter)
-            assert dflash.tokens == ar.tokens, (seed, "dflash", type(drafter).__name__)
-            for budget in BUDGETS:
-                tree = decode(
-                    target, tokens, method="ddtree", max_new_tokens=NEW_TOKENS, drafter=drafter, budget=budget
-                )
-                assert tree.tokens == ar.tokens, (seed, budget, type(drafter).__name__)
-                if drafter is teacher and budget >= 8:
-                    accepted_deep += max(tree.acceptance_lengths) >= 3
+    accepted_deep = sum(
+        assert_lossless(
+            target, prompt(seed, (window or 8) + 3 + 5 * seed), draft, BUDGETS, NEW_TOKENS, seed, VOCAB, block, 8
+        )
+        for seed in range(3)
+    )
     assert accepted_deep >= 3, "the teacher made multi-token paths commit through every layer kind"
