@@ -113,10 +113,10 @@ def cast_like_a_checkpoint(model: torch.nn.Module, dtype: torch.dtype) -> torch.
 
 def load_model(spec: ModelSpec, seed: int) -> transformers.PreTrainedModel:
     """Return the model in eval mode, on its device, in its dtype."""
-    return runs_in_float64(_load_model(spec, seed))
+    return eager_experts_in_float64(_load_model(spec, seed))
 
 
-def runs_in_float64(model: transformers.PreTrainedModel) -> transformers.PreTrainedModel:
+def eager_experts_in_float64(model: transformers.PreTrainedModel) -> transformers.PreTrainedModel:
     """A float64 mixture of experts gets transformers' eager expert loop: the grouped kernel it picks by
     default refuses float64 ('Expected mat_a to be Float32, BFloat16 or Float16')."""
     text = model.config.get_text_config()

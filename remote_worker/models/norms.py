@@ -77,8 +77,8 @@ class FastRMSNorm:
 class FastGatedRMSNorm:
     """The GDN output norm, RMSNorm(x)·weight·silu(z) (Qwen3.5/3.6, Qwen3-Next): one `F.rms_norm` and two
     operations in float32 and float64 (see the module's doc); in other dtypes the module's own casts, in its
-    order. Checked once against the
-    module's output on a host copy with random weights; a module that differs keeps its own forward."""
+    order. Checked once against the module's output on a host copy with random weights; a module that
+    differs keeps its own forward."""
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module
