@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 
 from orchestrator.events import split_events
 from remote_worker.events import EVENTS_FILE, EventLog
@@ -72,7 +73,7 @@ def test_the_probe_records_the_layout_and_warns_for_an_untested_checkpoint(
     """A checkpoint with a layout no twin has: its run says so in one warning line; the layout is params."""
     config = {**QWEN36.target.config, "linear_num_value_heads": 32, "linear_num_key_heads": 8}
     torch.manual_seed(0)
-    cls = __import__("transformers").Qwen3_5ForCausalLM
+    cls = transformers.Qwen3_5ForCausalLM
     cls(cls.config_class(**config)).save_pretrained(tmp_path / "ckpt")
     model = {"name": "odd", "source": "pretrained", "arch": cls.__name__, "path": str(tmp_path / "ckpt"),
              "dtype": "float32", "device": "cpu", "config": {}}  # fmt: skip
@@ -94,8 +95,6 @@ def test_the_probe_records_the_layout_and_warns_for_an_untested_checkpoint(
 def test_a_published_checkpoint_loads_as_the_layout_its_config_says(name: str) -> None:
     """The config class a run builds from each published config.json gives back the same layout (what a
     run records is what make test's twin of it was checked at)."""
-    import transformers
-
     from remote_worker.models.dflash import draft_config
     from remote_worker.models.layout import is_draft, text_config
     from remote_worker.models.twins import text_arch

@@ -206,13 +206,23 @@ def tested() -> dict[str, dict[str, Any]]:
     return {**published(), **fixtures}
 
 
+@cache
+def _tested_layouts() -> tuple[list[tuple[str, TargetLayout]], list[tuple[str, DraftLayout]]]:
+    """The layouts of `tested()`, read once."""
+    configs = tested().items()
+    return (
+        [(name, TargetLayout.of(v)) for name, v in configs if not is_draft(v)],
+        [(name, DraftLayout.of(v)) for name, v in configs if is_draft(v)],
+    )
+
+
 def covering_target(layout: TargetLayout) -> list[str]:
     """The tested models (published ones, through their twins, and fixtures) with this layout."""
-    return [name for name, v in tested().items() if not is_draft(v) and TargetLayout.of(v) == layout]
+    return [name for name, tested_layout in _tested_layouts()[0] if tested_layout == layout]
 
 
 def covering_draft(layout: DraftLayout) -> list[str]:
-    return [name for name, v in tested().items() if is_draft(v) and DraftLayout.of(v) == layout]
+    return [name for name, tested_layout in _tested_layouts()[1] if tested_layout == layout]
 
 
 def uncovered_warning(target: TargetLayout, draft: DraftLayout | None) -> str | None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -116,22 +117,22 @@ class TwinCase:
 
 
 def kept_counts(values: dict[str, Any]) -> set[int]:
-    """Every count a config's shapes depend on (kept by its twin; no width may equal one)."""
-    text = text_config(values)
-    keys = (
-        "num_attention_heads", "num_key_value_heads", "linear_num_key_heads", "linear_num_value_heads",
-        "linear_conv_kernel_dim", "num_experts_per_tok", "block_size", "num_hidden_layers",
-    )  # fmt: skip
-    counts = {int(text[k]) for k in keys if isinstance(text.get(k), int)}
-    if text.get("linear_num_key_heads"):
-        counts.add(int(text["linear_num_value_heads"]) // int(text["linear_num_key_heads"]))
-    heads = int(text["num_attention_heads"])
-    counts.add(heads // int(text.get("num_key_value_heads") or heads))
-    if text.get("num_experts_per_tok"):
-        counts.add(2 * int(text["num_experts_per_tok"]))  # the twin's number of experts
-    dflash = values.get("dflash_config") or {}
-    counts.update(int(v) for k, v in dflash.items() if k == "block_size")
-    counts.add(len(dflash.get("target_layer_ids") or ()))
+    """Every count a config's shapes depend on, read off its layout (kept by its twin; no width may equal
+    one), with the published depth and the twin's number of experts."""
+    counts = {int(text_config(values)["num_hidden_layers"])}
+    if is_draft(values):
+        draft = DraftLayout.of(values)
+        heads = draft.attention_heads
+        counts.update((draft.block_size, draft.target_layers))
+    else:
+        target = TargetLayout.of(values)
+        heads = target.attention_heads
+        if target.gdn_heads:
+            key, value = target.gdn_heads
+            counts.update((key, value, value // key, target.conv_kernel or 0))
+        if target.experts:
+            counts.update((target.experts[0], 2 * target.experts[0]))  # routed per token; the twin's experts
+    counts.update((*heads, heads[0] // heads[1]))
     return counts - {0}
 
 
@@ -155,10 +156,20 @@ def map_layers(ids: Iterable[int], published_depth: int, depth: int) -> list[int
     return mapped
 
 
-def target_twin(name: str, values: dict[str, Any], drafts: list[dict[str, Any]], taken: set[int]) -> TwinTarget:
+def _cut(values: dict[str, Any], depth: int, vocab: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The published text config and a copy of it for the twin: file and tokenizer keys dropped, `depth`
+    layers, `vocab` tokens."""
     text = text_config(values)
-    depth = _depth(text, max((len(d["dflash_config"]["target_layer_ids"]) for d in drafts), default=0))
     config = {k: v for k, v in text.items() if k not in _DROP}
+    config.update(vocab_size=vocab, num_hidden_layers=depth)
+    if "layer_types" in text:
+        config["layer_types"] = list(text["layer_types"])[:depth]
+    return text, config
+
+
+def target_twin(name: str, values: dict[str, Any], drafts: list[dict[str, Any]], taken: set[int]) -> TwinTarget:
+    draft_layers = max((len(d["dflash_config"]["target_layer_ids"]) for d in drafts), default=0)
+    text, config = _cut(values, _depth(text_config(values), draft_layers), VOCAB)
     rope = rope_values(text)
     section = rope.get("mrope_section")
     partial = float(rope.get("partial_rotary_factor", 1.0))
@@ -167,15 +178,7 @@ def target_twin(name: str, values: dict[str, Any], drafts: list[dict[str, Any]],
         taken.add(head_dim)
     else:
         head_dim = _pick("head_dim", taken, lambda w: (w * partial) % 2 == 0)
-    config.update(
-        vocab_size=VOCAB,
-        hidden_size=_pick("hidden", taken),
-        intermediate_size=_pick("intermediate", taken),
-        num_hidden_layers=depth,
-        head_dim=head_dim,
-    )
-    if "layer_types" in text:
-        config["layer_types"] = list(text["layer_types"])[:depth]
+    config.update(hidden_size=_pick("hidden", taken), intermediate_size=_pick("intermediate", taken), head_dim=head_dim)
     if text.get("linear_num_key_heads"):
         config.update(
             linear_key_head_dim=_pick("gdn_key_dim", taken), linear_value_head_dim=_pick("gdn_value_dim", taken)
@@ -222,14 +225,8 @@ def draft_target(draft: str, targets: list[str]) -> str:
         return max(own, key=len)
     vocab = published()[draft].get("vocab_size")
     family = [t for t in targets if text_config(published()[t]).get("vocab_size") == vocab] or targets
-    return max(family, key=lambda t: (len(_common_prefix(t, draft)), t))
-
-
-def _common_prefix(a: str, b: str) -> str:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return a[:n]
+    # character by character on purpose: names, not paths
+    return max(family, key=lambda t: (len(os.path.commonprefix([t, draft])), t))  # noqa: RUF071
 
 
 def twin_cases() -> list[TwinCase]:
@@ -253,10 +250,5 @@ def one_period(name: str, vocab: int = 1024) -> TwinTarget:
     """The published target at its real widths, cut to one whole period of its layer pattern, with a small
     vocabulary (the embedding and head are the only tensors it sizes): the real-width check's model."""
     values = published()[name]
-    text = text_config(values)
-    depth = period(layer_types(text))
-    config = {k: v for k, v in text.items() if k not in _DROP}
-    config.update(vocab_size=vocab, num_hidden_layers=depth)
-    if "layer_types" in text:
-        config["layer_types"] = list(text["layer_types"])[:depth]
+    text, config = _cut(values, period(layer_types(text_config(values))), vocab)
     return TwinTarget(name, text_arch(values["architectures"]), config, str(text.get("model_type", "")))
