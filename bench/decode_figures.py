@@ -21,7 +21,7 @@ import torch
 from omegaconf import OmegaConf
 
 from orchestrator import CONF_DIR
-from orchestrator.prompts import resolve_prompts
+from orchestrator.config.prompts import resolve_prompts
 from remote_worker.decoding.comparison import Comparison, Method, PromptRun, Settings, methods_for, run_prompt
 from remote_worker.models.loading import load_drafter, load_model, load_tokenizer, model_prompts
 from remote_worker.models.target import TargetModel

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 def measure(pair: str, budget: int, new_tokens: int, prompts: int, threads: int, compile: bool) -> dict[str, Any]:
     import torch
 
-    from orchestrator.prompts import resolve_prompts
+    from orchestrator.config.prompts import resolve_prompts
     from remote_worker.decoding.loop import decode_from, prefill
     from remote_worker.models.loading import load_drafter, load_model, load_tokenizer
     from remote_worker.models.target import TargetModel

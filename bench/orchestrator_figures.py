@@ -25,14 +25,14 @@ from typing import Any
 from mlflow.tracking import MlflowClient
 
 from orchestrator import PROJECT_ROOT
-from orchestrator.events import Event, split_events
-from orchestrator.follow import Applier, Follower, FollowSettings
-from orchestrator.mirror import EventMirror
-from orchestrator.ssh_transport import SSHTransport
-from orchestrator.state import StateStore, StreamState
-from orchestrator.sync import sync_code
-from orchestrator.tracking.sink import MlflowSink
-from orchestrator.transport import LocalTransport
+from orchestrator.host.local import LocalTransport
+from orchestrator.host.ssh import SSHTransport
+from orchestrator.host.sync import sync_code
+from orchestrator.lifecycle.follow import Applier, Follower, FollowSettings
+from orchestrator.stream.events import Event, split_events
+from orchestrator.stream.mirror import EventMirror
+from orchestrator.stream.sink import MlflowSink
+from orchestrator.stream.state import StateStore, StreamState
 from remote_worker.events import EventLog
 from tests.mlflow_server import start_mlflow_server, stop_mlflow_server
 from tests.sshd import SSHServer, sshd_available, start_sshd, stop_sshd

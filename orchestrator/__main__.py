@@ -1,5 +1,5 @@
-"""`python -m orchestrator [overrides]`: see orchestrator.cli."""
+"""`python -m orchestrator [overrides]`: see orchestrator.cli.main."""
 
-from orchestrator.cli import main
+from orchestrator.cli.main import main
 
 main()

@@ -22,7 +22,7 @@ from typing import Any
 
 from mlflow.exceptions import MlflowException
 
-from orchestrator.transport import CommandResult, command_result
+from orchestrator.host.transport import CommandResult, command_result
 from remote_worker.events import EVENTS_FILE
 
 REPORT = {

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator.config.settings import HostConfig
+
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
 
@@ -39,8 +41,8 @@ class SSHServer:
             f"host.known_hosts={self.known_hosts}",
         ]
 
-    def host_config(self, workdir: Path, **changes: object) -> dict:
-        """A resolved SSH host config for this server, as the orchestrator's transport takes it."""
+    def host_config(self, workdir: Path, **changes: object) -> HostConfig:
+        """A resolved SSH host config for this server, typed as the orchestrator's transport takes it."""
         config = {
             "name": "localhost_ssh",
             "kind": "ssh",
@@ -63,7 +65,7 @@ class SSHServer:
             "reconnect_budget_s": 30,
         }
         config.update(changes)
-        return config
+        return HostConfig.from_mapping(config)
 
     def connection_pids(self) -> list[int]:
         """The per-connection sshd processes (children of the listener)."""

@@ -14,10 +14,10 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from orchestrator.events import split_events
-from orchestrator.state import StateStore
-from orchestrator.tracking.sink import MlflowSink
-from orchestrator.transport import LocalTransport
+from orchestrator.host.local import LocalTransport
+from orchestrator.stream.events import split_events
+from orchestrator.stream.sink import MlflowSink
+from orchestrator.stream.state import StateStore
 from tests.conftest import JobPaths, MlflowServer, group_alive, run_orchestrator, start_orchestrator
 from tests.test_sink import snapshot
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.events import ProtocolError, parse_event, split_events
+from orchestrator.stream.events import ProtocolError, parse_event, split_events
 from remote_worker.events import EVENTS_FILE, EventLog
 
 

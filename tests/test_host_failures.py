@@ -23,12 +23,14 @@ from typing import Any
 import paramiko
 import pytest
 
-from orchestrator import preflight as orchestrator_preflight
-from orchestrator import sync
-from orchestrator.preflight import PreflightFailed, _parse_workdir_answer, run_preflight, workdir_problem
-from orchestrator.ssh_transport import SSHTransport
-from orchestrator.sync import COMPLETE_MARK, SyncFailed, sync_code
-from orchestrator.transport import CommandResult, LocalTransport
+from orchestrator.config.settings import HostConfig
+from orchestrator.host import preflight as orchestrator_preflight
+from orchestrator.host import sync
+from orchestrator.host.local import LocalTransport
+from orchestrator.host.preflight import PreflightFailed, _parse_workdir_answer, run_preflight, workdir_problem
+from orchestrator.host.ssh import SSHTransport
+from orchestrator.host.sync import COMPLETE_MARK, SyncFailed, sync_code
+from orchestrator.host.transport import CommandResult
 from remote_worker import preflight as host_preflight
 from tests.sshd import SSHServer
 
@@ -36,8 +38,8 @@ MODEL = {"source": "random", "device": "cpu"}
 ROOT = os.geteuid() == 0
 
 
-def host(workdir: Path | str) -> dict[str, Any]:
-    return {"name": "box", "workdir": str(workdir), "gpus": "none"}
+def host(workdir: Path | str) -> HostConfig:
+    return HostConfig.from_mapping({"name": "box", "kind": "local", "workdir": str(workdir), "gpus": "none"})
 
 
 def fake_python(tmp_path: Path, body: str, name: str = "python") -> str:
@@ -234,7 +236,8 @@ class FakeSSH(LocalTransport):
     def __init__(self, prefix: Sequence[str] = (), connected: bool = True, fail_write: BaseException | None = None):
         super().__init__("box")
         self.prefix = list(prefix)
-        self.host = {"hostname": "box.invalid", "python": None}
+        self.host = HostConfig.from_mapping({"name": "box", "kind": "ssh", "hostname": "box.invalid", "workdir": "/w"})
+        self.hostname = "box.invalid"
         self._connection = SimpleNamespace(is_connected=connected)
         self.fail_write = fail_write
         self.commands: list[Sequence[str]] = []
@@ -249,6 +252,10 @@ class FakeSSH(LocalTransport):
         with open(path, "wb") as f:
             f.write(data[: len(data) // 2])
         raise self.fail_write
+
+    @property
+    def connected(self) -> bool:
+        return self._connection.is_connected
 
     def openssh_command(self) -> list[str]:
         raise AssertionError("no OpenSSH client for a fake host")
@@ -517,8 +524,10 @@ class FakeSFTP:
 
 
 def test_an_interrupted_sftp_write_drops_the_connection_instead_of_waiting(tmp_path: Path) -> None:
-    config = {"name": "box", "hostname": "127.0.0.1", "port": 9, "known_hosts": str(tmp_path / "known_hosts")}
-    transport = SSHTransport({**config, "connect_timeout_s": 1, "identity_file": None, "proxy_jump": None})
+    config = {"name": "box", "kind": "ssh", "workdir": "/w", "hostname": "127.0.0.1", "port": 9}
+    transport = SSHTransport(
+        HostConfig.from_mapping({**config, "known_hosts": str(tmp_path / "known_hosts"), "connect_timeout_s": 1})
+    )
     file = FakeFile(fail_at=2, error=KeyboardInterrupt())
     sftp = FakeSFTP(file)
     transport._sftp = sftp  # type: ignore[assignment]

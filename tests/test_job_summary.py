@@ -10,9 +10,9 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 from orchestrator import CONF_DIR
-from orchestrator.job_summary import generation_rows, summarize
+from orchestrator.config.validation import validate
+from orchestrator.tracking.job_summary import generation_rows, summarize
 from orchestrator.tracking.runs import run_name
-from orchestrator.validation import validate
 from remote_worker.experiments.ddtree_gdn import headline_metrics
 
 SUMMARY = {

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.launch import (
+from orchestrator.host.launch import (
     ENV_FILE,
     EXIT_CODE_FILE,
     LEASE_FILE,
@@ -26,7 +26,8 @@ from orchestrator.launch import (
     worker_status,
     write_spec,
 )
-from orchestrator.transport import CommandResult, LocalTransport
+from orchestrator.host.local import LocalTransport
+from orchestrator.host.transport import CommandResult
 from tests.conftest import group_alive
 
 transport = LocalTransport()
@@ -227,7 +228,7 @@ def test_a_worker_whose_environment_file_is_gone_does_not_run(tmp_path: Path) ->
 @pytest.mark.slow
 def test_over_ssh_the_environment_travels_by_sftp_and_stays_out_of_ps(sshd, tmp_path: Path) -> None:
     """Over SSH the command line reaches the host's process list (sshd runs it with `sh -c`); the file does not."""
-    from orchestrator.ssh_transport import SSHTransport
+    from orchestrator.host.ssh import SSHTransport
 
     secret = f"hf_{uuid.uuid4().hex}"
     ssh = SSHTransport(sshd.host_config(tmp_path / "remote"))
@@ -250,8 +251,8 @@ def test_over_ssh_the_environment_travels_by_sftp_and_stays_out_of_ps(sshd, tmp_
 def test_a_local_command_killed_by_the_terminals_ctrl_c_is_an_interruption_not_a_failure() -> None:
     """Ctrl-C reaches the orchestrator's whole process group: a status query it kills must end the run as
     interrupted (KILLED), not FAILED with a command error."""
-    from orchestrator.errors import Interrupted
-    from orchestrator.transport import LocalTransport
+    from orchestrator.host.local import LocalTransport
+    from orchestrator.lifecycle.errors import Interrupted
 
     # A terminal's foreground job starts with SIGINT at its default; a test runner started in the background
     # (`make test &`, some CI harnesses) inherits it ignored, and so would the command (an ignored signal

@@ -11,7 +11,7 @@ import pytest
 import torch
 import transformers
 
-from orchestrator.events import split_events
+from orchestrator.stream.events import split_events
 from remote_worker.events import EVENTS_FILE, EventLog
 from remote_worker.experiments.probe import run_probe
 from remote_worker.models.layout import DraftLayout, TargetLayout, layout_params, published, uncovered_warning

@@ -14,14 +14,16 @@ import pytest
 from hydra import compose, initialize_config_dir
 from rich.console import Console
 
-from orchestrator import CONF_DIR, app, tags
-from orchestrator.errors import LocalFailure
-from orchestrator.gitinfo import GitInfo
-from orchestrator.settings import JobConfig
-from orchestrator.state import StateStore
+from orchestrator import CONF_DIR
+from orchestrator.cli import app
+from orchestrator.config.settings import JobConfig
+from orchestrator.config.validation import validate
+from orchestrator.lifecycle.errors import LocalFailure
+from orchestrator.stream.sink import MlflowSink
+from orchestrator.stream.state import StateStore
+from orchestrator.tracking import tags
 from orchestrator.tracking.client import TrackingUnavailable, open_tracking
-from orchestrator.tracking.sink import MlflowSink
-from orchestrator.validation import validate
+from orchestrator.tracking.gitinfo import GitInfo
 from tests.conftest import free_port
 from tests.fakes import FakeHost, FakeTracking, FakeWorker, decode_log, event_line, renumber, worker_histories
 
@@ -182,8 +184,8 @@ def test_the_end_the_worker_recorded_decides_even_when_its_applier_died(tmp_path
     while host.worker.state == "running":
         host._look()
     store = StateStore(tmp_path / "state")
-    from orchestrator.events import split_events
-    from orchestrator.state import StreamState
+    from orchestrator.stream.events import split_events
+    from orchestrator.stream.state import StreamState
 
     sink = MlflowSink(tracking, experiment_id, StreamState(run_id, config.host.name, host.run_dir), store, host)
     sink.apply(*split_events(host.events_written()))

@@ -10,10 +10,10 @@ import pytest
 import requests
 from mlflow.exceptions import MlflowException, RestException
 
-from orchestrator.launch import EXIT_CODE_FILE, start_worker, stop_worker, worker_status, write_spec
-from orchestrator.mirror import EventMirror
+from orchestrator.host.launch import EXIT_CODE_FILE, start_worker, stop_worker, worker_status, write_spec
+from orchestrator.host.local import LocalTransport
+from orchestrator.stream.mirror import EventMirror
 from orchestrator.tracking.client import is_outage, short_reason
-from orchestrator.transport import LocalTransport
 from tests.fakes import FakeHost, FakeWorker, decode_log
 
 

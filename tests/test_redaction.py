@@ -19,7 +19,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from orchestrator.redaction import (
+from orchestrator.config.redaction import (
     REDACTED,
     RedactingFilter,
     flatten,
@@ -244,7 +244,7 @@ def test_hydras_logging_configs_use_the_filter_on_every_handler(tmp_path: Path) 
         assert logging_config["handlers"], section
         for name, handler in logging_config["handlers"].items():
             filters = [logging_config["filters"][f]["()"] for f in handler.get("filters", [])]
-            assert "orchestrator.redaction.RedactingFilter" in filters, f"{section}.handlers.{name}"
+            assert "orchestrator.config.redaction.RedactingFilter" in filters, f"{section}.handlers.{name}"
     # The job's config as Hydra would apply it, its log file here: a record reaches the file redacted.
     job_logging = OmegaConf.to_container(config.hydra.job_logging, resolve=False)
     job_logging["handlers"]["file"]["filename"] = str(tmp_path / "job.log")
@@ -341,7 +341,7 @@ def assert_only_secrets_changed(before: dict[Path, str], folder: Path) -> None:
     for path in folder.rglob("*.yaml"):
         config = OmegaConf.load(path)
         if "hydra" in config and path.name != "config.yaml":
-            assert config.hydra.job_logging.filters.redacting["()"] == "orchestrator.redaction.RedactingFilter"
+            assert config.hydra.job_logging.filters.redacting["()"] == "orchestrator.config.redaction.RedactingFilter"
 
 
 def check_job_folder(job_dir: Path, uri_override: str = "tracking.uri=https://alice:***@mlflow.example/") -> None:

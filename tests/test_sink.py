@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from orchestrator.events import split_events
-from orchestrator.state import StateStore, StreamState
-from orchestrator.tags import EVENT_LOG_WARNINGS
-from orchestrator.tracking.sink import LAST_SEQ_TAG, OFFSET_TAG, MlflowSink
-from orchestrator.transport import LocalTransport
+from orchestrator.host.local import LocalTransport
+from orchestrator.stream.events import split_events
+from orchestrator.stream.sink import LAST_SEQ_TAG, OFFSET_TAG, MlflowSink
+from orchestrator.stream.state import StateStore, StreamState
+from orchestrator.tracking.tags import EVENT_LOG_WARNINGS
 from remote_worker.events import EVENTS_FILE, EventLog
 
 

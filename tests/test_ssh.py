@@ -16,8 +16,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from orchestrator import PROJECT_ROOT
-from orchestrator.ssh_transport import HostKeyRefused, SSHTransport
-from orchestrator.sync import COMPLETE_MARK, sync_code
+from orchestrator.host.ssh import HostKeyRefused, SSHTransport
+from orchestrator.host.sync import COMPLETE_MARK, sync_code
 from tests.conftest import MlflowServer, free_port, run_orchestrator, start_orchestrator
 from tests.sshd import SSHServer
 from tests.test_end_to_end import mlflow_metrics, worker_metrics_for

@@ -8,7 +8,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from orchestrator import CONF_DIR
-from orchestrator.validation import ConfigError, check_group_choices, resolve_config
+from orchestrator.config.validation import ConfigError, check_group_choices, resolve_config
 from remote_worker.experiments import EXPERIMENTS
 from remote_worker.spec import EXPERIMENT_NAMES
 from tests.conftest import run_orchestrator

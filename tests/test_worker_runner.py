@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.events import split_events
+from orchestrator.stream.events import split_events
 from tests.conftest import PROJECT_ROOT
 
 pytestmark = pytest.mark.worker  # also run under the oldest supported transformers (make test-compat)

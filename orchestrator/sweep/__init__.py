@@ -4,7 +4,8 @@
 - `host_pool`: `sweep.hosts`, job N on hosts[N % len]
 - `job_errors`: jobs that failed before they had a run, for the summary
 - `callback`: the parent run before the jobs, Ctrl-C for all of them, the summary after
-- `summary`: the summary itself (table, CSV, Markdown, plots), read back from MLflow
+- `rows`: the jobs' and methods' results, read back from MLflow
+- `summary`: the summary itself (table, CSV, Markdown), with `plot`'s figure
 
 A job that ends a sweep early (a failure under `sweep.fail_fast`, or Ctrl-C) writes `<sweep dir>/cancelled`:
 running jobs stop their workers and end KILLED, jobs not started yet end KILLED at once.

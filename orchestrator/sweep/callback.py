@@ -17,11 +17,11 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from orchestrator import tags
-from orchestrator.redaction import overrides_tag
-from orchestrator.status import RunStatus
+from orchestrator.config.redaction import overrides_tag
 from orchestrator.sweep.job_errors import runless_jobs
 from orchestrator.sweep.membership import CANCELLED_FILE, SWEEP_FILE, Sweep
+from orchestrator.tracking import tags
+from orchestrator.tracking.status import RunStatus
 
 # The exit code of the last multirun in this process, for `python -m orchestrator -m ...` to return.
 last_exit_code: int | None = None
@@ -77,7 +77,7 @@ class SweepCallback(Callback):
             Console().print("[yellow]already stopping the sweep's jobs; please wait[/yellow]")
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from orchestrator.redaction import redact_hydra_outputs
+        from orchestrator.config.redaction import redact_hydra_outputs
         from orchestrator.sweep.summary import summarize_sweep
 
         global last_exit_code
@@ -118,7 +118,7 @@ def _grid(config: DictConfig) -> tuple[int | None, list[str]]:
 
 def _client(config: DictConfig) -> Any:
     """The sweep's tracking store, with the same request deadline as its jobs; one line and exit 1 without it."""
-    from orchestrator.settings import TrackingConfig
+    from orchestrator.config.settings import TrackingConfig
     from orchestrator.tracking.client import TrackingUnavailable, open_tracking
 
     tracking = OmegaConf.to_container(config.tracking, resolve=True)

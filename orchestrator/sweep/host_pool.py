@@ -6,7 +6,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from orchestrator.validation import ConfigError
+from orchestrator.config.validation import ConfigError
 
 
 def assign_host(cfg: DictConfig) -> DictConfig:

@@ -1,1 +1,2 @@
-"""MLflow: creating the job's run, applying the worker's events to it, finishing it."""
+"""MLflow: the client and its outages (`client`), a job's run (`runs`), every tag name (`tags`), how a run ends
+(`status`), the job's summary table and plots (`job_summary`, `plots`), the checkout's commit (`gitinfo`)."""

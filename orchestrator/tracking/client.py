@@ -17,8 +17,8 @@ import requests
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from orchestrator.redaction import redact_text, redact_url
-from orchestrator.settings import TrackingConfig
+from orchestrator.config.redaction import redact_text, redact_url
+from orchestrator.config.settings import TrackingConfig
 
 # How MLflow words a request that never got an answer, or got a gateway's or an overloaded server's.
 _NO_ANSWER = re.compile(r"API request to \S+ failed with (timeout )?exception|failed with error code 5\d\d")

@@ -13,11 +13,11 @@ from mlflow.entities import Param, RunTag
 from mlflow.tracking import MlflowClient
 from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH, MAX_PARAMS_TAGS_PER_BATCH
 
-from orchestrator import tags
-from orchestrator.gitinfo import GitInfo
-from orchestrator.redaction import overrides_tag, redact, redact_url, to_params
-from orchestrator.settings import JobConfig
-from orchestrator.status import Outcome, RunStatus, Stage
+from orchestrator.config.redaction import overrides_tag, redact, redact_url, to_params
+from orchestrator.config.settings import JobConfig
+from orchestrator.tracking import tags
+from orchestrator.tracking.gitinfo import GitInfo
+from orchestrator.tracking.status import Outcome, RunStatus, Stage
 
 
 def ensure_experiment(client: MlflowClient, name: str, artifact_root: str | None) -> str:

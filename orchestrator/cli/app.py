@@ -25,34 +25,32 @@ from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 from rich.console import Console
 
-from orchestrator import tags
-from orchestrator.commands import find_run, list_runs, print_logs
-from orchestrator.display import LiveProgress, summary_table
-from orchestrator.errors import HostLost, Interrupted, LocalFailure, PhaseFailed
-from orchestrator.gitinfo import git_info
-from orchestrator.interrupt import CtrlC
-from orchestrator.job import Job, conclude, follow, launch, lifecycle, open_host, preflight, sync
-from orchestrator.launch import run_dir_for, stop_worker
-from orchestrator.redaction import redact_hydra_outputs, redact_text
-from orchestrator.settings import Command, JobConfig
-from orchestrator.ssh_transport import SSHTransport
-from orchestrator.state import StateStore, StreamState
-from orchestrator.status import CONFIG_ERROR_EXIT, Outcome, RunStatus, Stage
+from orchestrator.cli.listing import find_run, list_runs, print_logs
+from orchestrator.config.redaction import redact_hydra_outputs, redact_text
+from orchestrator.config.settings import Command, JobConfig
+from orchestrator.config.validation import ConfigError, validate
+from orchestrator.host.connect import transport_for
+from orchestrator.host.launch import run_dir_for, stop_worker
+from orchestrator.host.transport import Transport
+from orchestrator.lifecycle.display import LiveProgress, summary_table
+from orchestrator.lifecycle.errors import HostLost, Interrupted, LocalFailure, PhaseFailed
+from orchestrator.lifecycle.interrupt import CtrlC
+from orchestrator.lifecycle.job import Job, conclude, follow, launch, lifecycle, open_host, preflight, sync
+from orchestrator.stream.state import StateStore, StreamState
 from orchestrator.sweep import Sweep, assign_host, current_sweep, record_job_error
+from orchestrator.tracking import tags
 from orchestrator.tracking.client import TrackingUnavailable, open_tracking, outages_named
+from orchestrator.tracking.gitinfo import git_info
 from orchestrator.tracking.runs import attach_command, create_job_run, end_unstarted_job, run_url
-from orchestrator.transport import LocalTransport, Transport
-from orchestrator.validation import ConfigError, validate
+from orchestrator.tracking.status import CONFIG_ERROR_EXIT, Outcome, RunStatus, Stage
 
 CANNOT_BEGIN_EXIT = 1
 TransportFactory = Callable[[JobConfig], Transport]
 
 
 def make_transport(config: JobConfig) -> Transport:
-    """The hook that picks the kind of host; nothing after it asks which kind it holds."""
-    if config.host.is_ssh:
-        return SSHTransport(config.host.raw)
-    return LocalTransport(config.host.name)
+    """The host's transport (`host/connect.py` picks the kind); tests pass their own factory instead."""
+    return transport_for(config.host)
 
 
 def run_job(cfg: DictConfig) -> int:

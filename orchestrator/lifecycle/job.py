@@ -23,13 +23,10 @@ from typing import Any
 from mlflow.tracking import MlflowClient
 from rich.console import Console
 
-from orchestrator import tags
-from orchestrator.display import LiveProgress
-from orchestrator.errors import HostLost, Interrupted, LocalFailure, PhaseFailed
-from orchestrator.events import EVENTS_FILE
-from orchestrator.follow import Applier, Follower, FollowSettings, Reconnect
-from orchestrator.job_summary import generation_rows, prompt_dataset, summarize
-from orchestrator.launch import (
+from orchestrator.config.prompts import prompts_file_text
+from orchestrator.config.redaction import redact_text
+from orchestrator.config.settings import JobConfig
+from orchestrator.host.launch import (
     SPEC_FILE,
     STDERR_FILE,
     WorkerStatus,
@@ -38,20 +35,22 @@ from orchestrator.launch import (
     wait_for_start,
     write_spec,
 )
-from orchestrator.mirror import EventMirror
-from orchestrator.plots import SUMMARY_FILE, plot_decode_summary
-from orchestrator.preflight import PreflightFailed, lease_candidates, run_preflight, workdir_problem
-from orchestrator.prompts import prompts_file_text
-from orchestrator.redaction import redact_text
-from orchestrator.settings import JobConfig
-from orchestrator.ssh_transport import CONNECTION_ERRORS, ConnectFailed, HostKeyRefused
-from orchestrator.state import StateStore, StreamState
-from orchestrator.status import Outcome, RunStatus, Stage
+from orchestrator.host.preflight import PreflightFailed, lease_candidates, run_preflight, workdir_problem
+from orchestrator.host.transport import CONNECTION_ERRORS, CommandFailed, ConnectFailed, HostKeyRefused, Transport
+from orchestrator.lifecycle.display import LiveProgress
+from orchestrator.lifecycle.errors import HostLost, Interrupted, LocalFailure, PhaseFailed
+from orchestrator.lifecycle.follow import Applier, Follower, FollowSettings, Reconnect
+from orchestrator.stream.events import EVENTS_FILE
+from orchestrator.stream.mirror import EventMirror
+from orchestrator.stream.sink import MlflowSink
+from orchestrator.stream.state import StateStore, StreamState
 from orchestrator.sweep import Sweep, SweepCancelled
+from orchestrator.tracking import tags
 from orchestrator.tracking.client import TrackingUnavailable, outages_named, short_reason
+from orchestrator.tracking.job_summary import generation_rows, prompt_dataset, summarize
+from orchestrator.tracking.plots import SUMMARY_FILE, plot_decode_summary
 from orchestrator.tracking.runs import attach_command, cancel_command, end_run, mark_detached
-from orchestrator.tracking.sink import MlflowSink
-from orchestrator.transport import CommandFailed, Transport
+from orchestrator.tracking.status import Outcome, RunStatus, Stage
 from remote_worker.prompt_set import RUN_PROMPTS_FILE
 
 STDERR_TAIL_LINES = 20
@@ -121,13 +120,13 @@ def open_host(job: Job, *, leave_if_unreachable: bool = False) -> None:
             raise HostLost(message) from exc
         raise PhaseFailed(Stage.CONNECT, message) from exc
     if job.config.host.is_ssh:
-        job.live.note(f"connected to {job.host_label} ({job.config.host.raw.get('hostname')})")
+        job.live.note(f"connected to {job.host_label} ({job.config.host.address})")
 
 
 def preflight(job: Job) -> dict[str, Any]:
     host = job.config.host
     try:
-        report = run_preflight(job.transport, host.raw, job.config.worker_sections["model"], _python(job))
+        report = run_preflight(job.transport, host, job.config.worker_sections["model"], _python(job))
         job.live.note(f"preflight: {_describe_host(report)}")
         return report
     except PreflightFailed as exc:
@@ -172,7 +171,7 @@ def launch(job: Job, report: dict[str, Any], code_dir: str) -> None:
             _python(job),
             code_dir,
             host.env,
-            lease_candidates(host.raw, report),
+            lease_candidates(host, report),
             host.gpu_lock_dir,
         )
     except (CommandFailed, *CONNECTION_ERRORS) as exc:

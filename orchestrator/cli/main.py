@@ -9,13 +9,13 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from orchestrator import CONF_DIR
-from orchestrator.validation import ConfigError, check_group_choices
+from orchestrator.config.paths import CONF_DIR
+from orchestrator.config.validation import ConfigError, check_group_choices
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def hydra_main(cfg: DictConfig) -> int:
-    from orchestrator.app import run_job  # imported here: MLflow is slow to import and --help needs none of it
+    from orchestrator.cli.app import run_job  # imported here: MLflow is slow to import and --help needs none of it
 
     code = run_job(cfg)
     if HydraConfig.get().mode == RunMode.RUN:

@@ -19,36 +19,30 @@ from typing import Any
 import paramiko
 from fabric import Connection
 
-from orchestrator.transport import CommandResult, command_result
-
-# What a lost or refused connection raises, in paramiko (SFTP included) and below it.
-CONNECTION_ERRORS = (paramiko.SSHException, paramiko.sftp.SFTPError, socket.error, EOFError, OSError)
-
-
-class ConnectionLost(paramiko.SSHException):
-    """The channel closed before the command reported its exit status."""
-
-
-class HostKeyRefused(paramiko.SSHException):
-    """The host's key is not in known_hosts and the host config does not accept new keys."""
+from orchestrator.config.settings import HostConfig, SSHSettings
+from orchestrator.host.sync import sync_code
+from orchestrator.host.transport import (
+    CONNECTION_ERRORS,
+    CommandResult,
+    ConnectFailed,
+    ConnectionLost,
+    HostKeyRefused,
+    command_result,
+)
 
 
-class ConnectFailed(paramiko.SSHException):
-    """No SSH session could be opened; the message names the host setting to look at."""
-
-
-def _connect_failure(host: Mapping[str, Any], error: Exception) -> ConnectFailed:
-    where = f"{host['hostname']}:{host.get('port') or 22}"
+def _connect_failure(host: SSHSettings, error: Exception) -> ConnectFailed:
+    where = f"{host.hostname}:{host.port or 22}"
     if isinstance(error, paramiko.AuthenticationException):
-        user = host.get("user") or "the default user"
+        user = host.user or "the default user"
         return ConnectFailed(f"{where} refused {user} ({error}); check host.user and host.identity_file")
     if isinstance(error, paramiko.ssh_exception.NoValidConnectionsError):
         reasons = sorted({e.strerror or str(e) for e in error.errors.values()})
         return ConnectFailed(f"cannot reach {where} ({'; '.join(reasons)}); check host.hostname and host.port")
     if isinstance(error, TimeoutError):
-        return ConnectFailed(f"no answer from {where} within {host['connect_timeout_s']}s (host.connect_timeout_s)")
+        return ConnectFailed(f"no answer from {where} within {host.connect_timeout_s:g}s (host.connect_timeout_s)")
     if isinstance(error, socket.gaierror):
-        return ConnectFailed(f"cannot resolve {host['hostname']} ({error.strerror}); check host.hostname")
+        return ConnectFailed(f"cannot resolve {host.hostname} ({error.strerror}); check host.hostname")
     return ConnectFailed(f"cannot connect to {where}: {type(error).__name__}: {error}")
 
 
@@ -78,25 +72,25 @@ class _AcceptNew(paramiko.MissingHostKeyPolicy):
             f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
 
 
-def connection_for(host: Mapping[str, Any]) -> Connection:
+def connection_for(host: SSHSettings) -> Connection:
     """A Fabric connection for the host config; ~/.ssh/config aliases, users, ports, keys and ProxyJump apply."""
     connect_kwargs: dict[str, Any] = {
-        "banner_timeout": host["connect_timeout_s"],
-        "auth_timeout": host["connect_timeout_s"],
+        "banner_timeout": host.connect_timeout_s,
+        "auth_timeout": host.connect_timeout_s,
         "allow_agent": True,
-        "look_for_keys": host.get("identity_file") is None,
+        "look_for_keys": host.identity_file is None,
     }
-    if host.get("identity_file"):
-        connect_kwargs["key_filename"] = os.path.expanduser(host["identity_file"])
+    if host.identity_file:
+        connect_kwargs["key_filename"] = os.path.expanduser(host.identity_file)
     gateway = None
-    if host.get("proxy_jump"):
-        gateway = Connection(host["proxy_jump"], connect_timeout=host["connect_timeout_s"])
+    if host.proxy_jump:
+        gateway = Connection(host.proxy_jump, connect_timeout=host.connect_timeout_s)
         _check_host_keys(gateway, host)
     connection = Connection(
-        host["hostname"],
-        user=host.get("user"),
-        port=host.get("port"),
-        connect_timeout=host["connect_timeout_s"],
+        host.hostname,
+        user=host.user,
+        port=host.port,
+        connect_timeout=host.connect_timeout_s,
         connect_kwargs=connect_kwargs,
         gateway=gateway,
     )
@@ -104,17 +98,17 @@ def connection_for(host: Mapping[str, Any]) -> Connection:
     return connection
 
 
-def _check_host_keys(connection: Connection, host: Mapping[str, Any]) -> None:
-    known_hosts = Path(os.path.expanduser(host["known_hosts"]))
+def _check_host_keys(connection: Connection, host: SSHSettings) -> None:
+    known_hosts = Path(os.path.expanduser(host.known_hosts))
     client = connection.client
     if known_hosts.exists():
         client.load_host_keys(str(known_hosts))
     port = int(connection.port or 22)
-    policy = _AcceptNew(known_hosts) if host.get("accept_new_host_key") else _RefuseUnknown(known_hosts, port)
+    policy = _AcceptNew(known_hosts) if host.accept_new_host_key else _RefuseUnknown(known_hosts, port)
     client.set_missing_host_key_policy(policy)
 
 
-def _detect_dead_links(connection: Connection, host: Mapping[str, Any]) -> None:
+def _detect_dead_links(connection: Connection, host: SSHSettings) -> None:
     """Keepalives every `keepalive_s`, and the connection closed after `keepalive_count_max` go unanswered.
 
     paramiko sends keepalives but never gives up on a silent peer: over a cut link every read would block
@@ -125,19 +119,22 @@ def _detect_dead_links(connection: Connection, host: Mapping[str, Any]) -> None:
     transport = connection.client.get_transport()
     if transport is None:
         return
-    interval = float(host["keepalive_s"])
+    interval = host.keepalive_s
     transport.set_keepalive(max(1, round(interval)))
     sock = transport.sock
     if isinstance(sock, socket.socket) and hasattr(socket, "TCP_USER_TIMEOUT"):
-        limit_ms = int(interval * int(host["keepalive_count_max"]) * 1000)
+        limit_ms = int(interval * host.keepalive_count_max * 1000)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, limit_ms)
 
 
 class SSHTransport:
-    def __init__(self, host: Mapping[str, Any]) -> None:
-        self.name = host["name"]
+    def __init__(self, host: HostConfig) -> None:
+        if host.ssh is None:
+            raise ValueError(f"host {host.name} is not an SSH host (host.kind={host.kind})")
+        self.name = host.name
         self.host = host
-        self._connection = connection_for(host)
+        self.ssh: SSHSettings = host.ssh
+        self._connection = connection_for(self.ssh)
         self._sftp: paramiko.SFTPClient | None = None
 
     # -- connection --------------------------------------------------------------------------------
@@ -148,15 +145,20 @@ class SSHTransport:
         except HostKeyRefused:
             raise
         except CONNECTION_ERRORS as error:
-            raise _connect_failure(self.host, error) from error
-        _detect_dead_links(self._connection, self.host)
+            raise _connect_failure(self.ssh, error) from error
+        _detect_dead_links(self._connection, self.ssh)
         if isinstance(self._connection.gateway, Connection):
-            _detect_dead_links(self._connection.gateway, self.host)
+            _detect_dead_links(self._connection.gateway, self.ssh)
 
     def reconnect(self) -> None:
         self.close()
-        self._connection = connection_for(self.host)
+        self._connection = connection_for(self.ssh)
         self.open()
+
+    @property
+    def connected(self) -> bool:
+        """Whether the SSH connection is up: a command then runs without opening a new one."""
+        return bool(self._connection.is_connected)
 
     def _sftp_client(self) -> paramiko.SFTPClient:
         if self._sftp is None:
@@ -175,31 +177,36 @@ class SSHTransport:
     def openssh_command(self) -> list[str]:
         """The OpenSSH client command for tools that bring their own transport (rsync), with the same
         user, port, key, host-key policy, gateway and keepalives as this connection; never prompting."""
-        host = self.host
+        host = self.ssh
         argv = [
             "ssh",
             "-o",
             "BatchMode=yes",
             "-o",
-            f"ConnectTimeout={max(1, round(float(host['connect_timeout_s'])))}",
+            f"ConnectTimeout={max(1, round(host.connect_timeout_s))}",
             "-o",
-            f"ServerAliveInterval={max(1, round(float(host['keepalive_s'])))}",
+            f"ServerAliveInterval={max(1, round(host.keepalive_s))}",
             "-o",
-            f"ServerAliveCountMax={int(host['keepalive_count_max'])}",
+            f"ServerAliveCountMax={host.keepalive_count_max}",
             "-o",
-            f"UserKnownHostsFile={os.path.expanduser(host['known_hosts'])}",
+            f"UserKnownHostsFile={os.path.expanduser(host.known_hosts)}",
             "-o",
-            f"StrictHostKeyChecking={'accept-new' if host.get('accept_new_host_key') else 'yes'}",
+            f"StrictHostKeyChecking={'accept-new' if host.accept_new_host_key else 'yes'}",
         ]
-        if host.get("port"):
-            argv += ["-p", str(host["port"])]
-        if host.get("user"):
-            argv += ["-l", str(host["user"])]
-        if host.get("identity_file"):
-            argv += ["-i", os.path.expanduser(host["identity_file"]), "-o", "IdentitiesOnly=yes"]
-        if host.get("proxy_jump"):
-            argv += ["-J", str(host["proxy_jump"])]
+        if host.port:
+            argv += ["-p", str(host.port)]
+        if host.user:
+            argv += ["-l", host.user]
+        if host.identity_file:
+            argv += ["-i", os.path.expanduser(host.identity_file), "-o", "IdentitiesOnly=yes"]
+        if host.proxy_jump:
+            argv += ["-J", host.proxy_jump]
         return argv
+
+    @property
+    def hostname(self) -> str:
+        """The host as the OpenSSH client and rsync name it (user, port and key travel as options)."""
+        return self.ssh.hostname
 
     # -- the Transport interface -----------------------------------------------------------------------
 
@@ -268,6 +275,4 @@ class SSHTransport:
         return True
 
     def prepare_code(self, workdir: str, method: str) -> tuple[str, bool]:
-        from orchestrator.sync import sync_code  # sync imports this module
-
         return sync_code(self, workdir, method=method)

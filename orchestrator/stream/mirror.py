@@ -14,9 +14,9 @@ import posixpath
 import time
 from pathlib import Path
 
-from orchestrator.errors import LocalFailure
-from orchestrator.events import EVENTS_FILE, BadLine, Event, parse_chunk
-from orchestrator.transport import Transport
+from orchestrator.host.transport import Transport
+from orchestrator.stream.events import EVENTS_FILE, BadLine, Event, parse_chunk
+from orchestrator.stream.state import LocalFailure
 
 READ_LIMIT = 4 * 1024 * 1024
 

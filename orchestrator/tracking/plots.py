@@ -1,19 +1,14 @@
-"""Plots of a decode sweep, drawn on the orchestrator's side (the worker stays free of matplotlib)."""
+"""Plots of a job's decode sweep, drawn on the orchestrator's side (the worker stays free of matplotlib)."""
 
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-
-if TYPE_CHECKING:
-    from orchestrator.sweep.summary import Row
 
 SUMMARY_FILE = "decode_summary.json"  # written by remote_worker.experiments.ddtree_gdn
 
@@ -50,12 +45,12 @@ def plot_decode_summary(summary_file: Path, out_dir: Path) -> list[Path]:
         if "dflash" in reference:
             axis.axhline(reference["dflash"][key], linestyle="--", color="tab:orange", label="DFlash")
         axis.axhline(1.0, linestyle=":", color="grey", label="AR (= 1)")
-        _budget_axis(axis, budgets)
+        budget_axis(axis, budgets)
         axis.set_ylabel(label)
         axis.legend(fontsize="small", loc="best")
     fig.suptitle(f"DDTree against tree budget · {context}", fontsize="medium")
     fig.tight_layout()
-    figures.append(_save(fig, out_dir / "tau_speedup_vs_budget.png"))
+    figures.append(save_figure(fig, out_dir / "tau_speedup_vs_budget.png"))
 
     fig, axis = plt.subplots(figsize=(6.5, 4.4))
     lengths = summary["acceptance_lengths"]
@@ -69,7 +64,7 @@ def plot_decode_summary(summary_file: Path, out_dir: Path) -> list[Path]:
     axis.set_title(context, fontsize="small")
     axis.legend(fontsize="small")
     fig.tight_layout()
-    figures.append(_save(fig, out_dir / "acceptance_length_hist.png"))
+    figures.append(save_figure(fig, out_dir / "acceptance_length_hist.png"))
     return figures
 
 
@@ -84,7 +79,7 @@ def _context(summary: dict) -> str:
     return " · ".join(parts)
 
 
-def _budget_axis(axis: plt.Axes, budgets: list[int]) -> None:
+def budget_axis(axis: plt.Axes, budgets: list[int]) -> None:
     """Budgets double (16, 32, 64): a log₂ scale, labelled with the budgets themselves, not powers of two."""
     axis.set_xscale("log", base=2)
     if budgets:
@@ -93,47 +88,7 @@ def _budget_axis(axis: plt.Axes, budgets: list[int]) -> None:
     axis.set_xlabel("tree budget (nodes)")
 
 
-def plot_sweep(rows: list[Row], out_dir: Path) -> list[Path]:
-    """tau and speedup against tree budget, one row of panels per model and one line per job; each job's
-    DFlash as a dashed line of the same colour; the legend beside the panels, never over the data."""
-    lines: dict[str, dict[str, list[Row]]] = defaultdict(lambda: defaultdict(list))
-    dflash: dict[str, dict[str, Row]] = defaultdict(dict)
-    for row in rows:
-        label = f"#{row.job} {_without_model(row.varies)}"
-        if row.tree_budget is not None and row.tau is not None:
-            lines[row.model][label].append(row)
-        elif row.method == "dflash" and row.tau is not None:
-            dflash[row.model][label] = row
-    if not lines:
-        return []
-    fig, axes = plt.subplots(len(lines), 2, figsize=(13, 3.8 * len(lines)), squeeze=False)
-    for (model, jobs), panels in zip(sorted(lines.items()), axes, strict=True):
-        budgets = sorted({r.tree_budget for points in jobs.values() for r in points if r.tree_budget})
-        for axis, key, label in (
-            (panels[0], "tau", "tau (tokens per round)"),
-            (panels[1], "speedup_vs_ar", "speedup vs AR"),
-        ):
-            for job, points in sorted(jobs.items()):
-                points.sort(key=lambda r: r.tree_budget)
-                (line,) = axis.plot([r.tree_budget for r in points], [getattr(r, key) for r in points], "o-", label=job)
-                reference = dflash[model].get(job)
-                if reference is not None and getattr(reference, key) is not None:
-                    axis.axhline(getattr(reference, key), linestyle="--", color=line.get_color(), linewidth=1)
-            if key == "speedup_vs_ar":
-                axis.axhline(1.0, linestyle=":", color="grey")
-            _budget_axis(axis, budgets)
-            axis.set_ylabel(label)
-            axis.set_title(f"{model} (dashed: DFlash; dotted: AR)", fontsize="small")
-        panels[1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
-    fig.tight_layout()
-    return [_save(fig, out_dir / "sweep_tau_speedup_vs_budget.png")]
-
-
-def _without_model(overrides: str) -> str:
-    return " ".join(o for o in overrides.split() if not o.startswith("model=")) or "(defaults)"
-
-
-def _save(fig: plt.Figure, path: Path) -> Path:
+def save_figure(fig: plt.Figure, path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -17,9 +17,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from orchestrator.events import Event
-
-STATUS_STYLE = {"FINISHED": "green", "FAILED": "red", "KILLED": "yellow"}
+from orchestrator.stream.events import Event
+from orchestrator.tracking.status import STATUS_STYLE
 
 
 class LiveProgress:

@@ -6,6 +6,7 @@ into `spec.json`, where the worker's `remote_worker/spec.py` types and checks th
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -22,6 +23,41 @@ class Command(str, Enum):
     LIST = "list"
 
 
+SYNC_METHODS = ("auto", "rsync", "tar")  # host.sync: auto takes rsync when both ends have it, else tar
+
+
+@dataclass(frozen=True)
+class SSHSettings:
+    """How to reach an SSH host (conf/host/*.yaml); `~/.ssh/config` fills in what is null here."""
+
+    hostname: str  # an address or a ~/.ssh/config alias
+    port: int | None
+    user: str | None
+    identity_file: str | None
+    proxy_jump: str | None  # a gateway host (ProxyJump), e.g. user@bastion
+    known_hosts: str
+    accept_new_host_key: bool  # remember a first-seen key (a changed key is always refused)
+    connect_timeout_s: float
+    keepalive_s: float  # an SSH keepalive every keepalive_s...
+    keepalive_count_max: int  # ...and the connection is dead after this many go unanswered
+
+    @classmethod
+    def from_mapping(cls, host: Mapping[str, Any]) -> SSHSettings:
+        """From a resolved `host` section that validation has checked (`config/validation.py`)."""
+        return cls(
+            hostname=str(host["hostname"]),
+            port=None if host.get("port") is None else int(host["port"]),
+            user=None if host.get("user") is None else str(host["user"]),
+            identity_file=None if host.get("identity_file") is None else str(host["identity_file"]),
+            proxy_jump=None if host.get("proxy_jump") is None else str(host["proxy_jump"]),
+            known_hosts=str(host.get("known_hosts") or "~/.ssh/known_hosts"),
+            accept_new_host_key=bool(host.get("accept_new_host_key", False)),
+            connect_timeout_s=float(host.get("connect_timeout_s", 15)),
+            keepalive_s=float(host.get("keepalive_s", 5)),
+            keepalive_count_max=int(host.get("keepalive_count_max", 3)),
+        )
+
+
 @dataclass(frozen=True)
 class HostConfig:
     name: str
@@ -31,13 +67,35 @@ class HostConfig:
     env: dict[str, str]
     gpus: str | list[int]  # auto, none, or indices
     gpu_lock_dir: str
-    sync: str
+    sync: str  # one of SYNC_METHODS
     reconnect_budget_s: float
-    raw: dict[str, Any]  # every key, for the SSH connection's own settings (hostname, port, keys, keepalives)
+    ssh: SSHSettings | None  # the connection's settings; None for the local host
 
     @property
     def is_ssh(self) -> bool:
-        return self.kind == "ssh"
+        return self.ssh is not None
+
+    @property
+    def address(self) -> str:
+        """What the terminal names the host by: the SSH hostname, or `local`."""
+        return self.ssh.hostname if self.ssh is not None else self.name
+
+    @classmethod
+    def from_mapping(cls, host: Mapping[str, Any]) -> HostConfig:
+        """From a resolved `host` section that validation has checked."""
+        kind = str(host.get("kind", "local"))
+        return cls(
+            name=str(host["name"]),
+            kind=kind,
+            python=host.get("python"),
+            workdir=str(host["workdir"]),
+            env={str(k): str(v) for k, v in (host.get("env") or {}).items()},
+            gpus=host.get("gpus", "none"),
+            gpu_lock_dir=str(host.get("gpu_lock_dir") or "/tmp/ddtree-gpu-locks"),
+            sync=str(host.get("sync", "auto")),
+            reconnect_budget_s=float(host.get("reconnect_budget_s", 0)),
+            ssh=SSHSettings.from_mapping(host) if kind == "ssh" else None,
+        )
 
 
 @dataclass(frozen=True)
@@ -101,18 +159,7 @@ class JobConfig:
         return cls(
             command=command,
             run_id=run_id,
-            host=HostConfig(
-                name=str(host["name"]),
-                kind=str(host["kind"]),
-                python=host.get("python"),
-                workdir=str(host["workdir"]),
-                env={str(k): str(v) for k, v in (host.get("env") or {}).items()},
-                gpus=host.get("gpus", "none"),
-                gpu_lock_dir=str(host["gpu_lock_dir"]),
-                sync=str(host.get("sync", "auto")),
-                reconnect_budget_s=float(host.get("reconnect_budget_s", 0)),
-                raw=dict(host),
-            ),
+            host=HostConfig.from_mapping(host),
             tracking=TrackingConfig.from_mapping(tracking),
             orchestrator=OrchestratorConfig(
                 state_dir=str(orch["state_dir"]),

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.transport import Transport
+from orchestrator.host.transport import Transport
 from remote_worker.prompt_set import RUN_PROMPTS_FILE
 
 SPEC_FILE = "spec.json"

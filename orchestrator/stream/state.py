@@ -8,7 +8,10 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from orchestrator.errors import LocalFailure
+
+class LocalFailure(Exception):
+    """Something on this machine failed (the state folder, the local disk): the message names the file or
+    setting. Raised by the local state and mirror, given its meaning for the run in `lifecycle/errors.py`."""
 
 
 @dataclass

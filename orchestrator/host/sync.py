@@ -31,17 +31,32 @@ import tarfile
 import tempfile
 import threading
 from pathlib import Path
+from typing import Protocol
 
-from orchestrator import PROJECT_ROOT
-from orchestrator.preflight import workdir_problem
-from orchestrator.ssh_transport import SSHTransport
-from orchestrator.transport import CommandFailed, command_result
+from orchestrator.config.paths import PROJECT_ROOT
+from orchestrator.config.settings import HostConfig
+from orchestrator.host.preflight import workdir_problem
+from orchestrator.host.transport import CommandFailed, Transport, command_result
 
 PACKAGES = ("remote_worker",)
 COMPLETE_MARK = ".complete"
-SYNC_METHODS = ("auto", "rsync", "tar")
 STALE_PART_MIN = 10  # minutes without change after which a partial copy counts as abandoned
 CLEANUP_TIMEOUT_S = 5.0  # the longest a failed or interrupted sync spends removing its partial copy
+
+
+class RemoteHost(Transport, Protocol):
+    """What a sync needs beyond the Transport interface: the OpenSSH client's view of the same host (for rsync
+    and for a clean-up without the connection), and whether the connection is up. `ssh.SSHTransport` is one."""
+
+    host: HostConfig
+
+    @property
+    def hostname(self) -> str: ...
+
+    @property
+    def connected(self) -> bool: ...
+
+    def openssh_command(self) -> list[str]: ...
 
 
 class SyncFailed(RuntimeError):
@@ -99,7 +114,7 @@ _UNTAR = 'mkdir -p "$1" && tar -xzf "$2" -C "$1"; status=$?; rm -f "$2"; exit $s
 _PUBLISH = f'touch "$1/{COMPLETE_MARK}" && {{ mv -T "$1" "$2" 2>/dev/null || rm -rf "$1"; }}'
 
 
-def _rsync(transport: SSHTransport, files: list[Path], root: Path, partial: str, previous: str | None) -> None:
+def _rsync(transport: RemoteHost, files: list[Path], root: Path, partial: str, previous: str | None) -> None:
     with tempfile.NamedTemporaryFile("w", suffix=".files") as listing:
         listing.write("".join(f"{path.relative_to(root).as_posix()}\n" for path in files))
         listing.flush()
@@ -113,18 +128,16 @@ def _rsync(transport: SSHTransport, files: list[Path], root: Path, partial: str,
             "--rsh",
             shlex.join(transport.openssh_command()),
             f"{root}/",
-            f"{transport.host['hostname']}:{partial}/",
+            f"{transport.hostname}:{partial}/",
         ]
         done = subprocess.run(argv, capture_output=True, text=True, check=False)
     command_result(argv, done.returncode, done.stdout, done.stderr, check=True)
 
 
-def sync_code(
-    transport: SSHTransport, workdir: str, root: Path = PROJECT_ROOT, method: str = "auto"
-) -> tuple[str, bool]:
+def sync_code(transport: RemoteHost, workdir: str, root: Path = PROJECT_ROOT, method: str = "auto") -> tuple[str, bool]:
     """Make sure the snapshot exists on the host; return (its folder, whether anything was copied).
 
-    `method` is one of SYNC_METHODS: `auto` takes rsync when both ends have it, else tar.
+    `method` is one of `config.settings.SYNC_METHODS`: `auto` takes rsync when both ends have it, else tar.
     """
     files = worker_files(root)
     name = content_hash(files, root)
@@ -154,7 +167,7 @@ def sync_code(
     except BaseException as error:
         # Named before the part is removed: removing it may free the space whose lack made the copy fail.
         failure = (
-            _sync_failure(transport, workdir, error) if isinstance(error, Exception) and _connected(transport) else None
+            _sync_failure(transport, workdir, error) if isinstance(error, Exception) and transport.connected else None
         )
         _remove_parts(transport, [partial, archive])
         if failure is not None:
@@ -163,20 +176,14 @@ def sync_code(
     return snapshot, True
 
 
-def _connected(transport: SSHTransport) -> bool:
-    """Whether the SSH connection is still up: a command then runs without opening a new one."""
-    connection = getattr(transport, "_connection", None)
-    return bool(getattr(connection, "is_connected", False))
-
-
-def _remove_parts(transport: SSHTransport, paths: list[str]) -> None:
+def _remove_parts(transport: RemoteHost, paths: list[str]) -> None:
     """Remove a failed sync's partial copy, best effort: never raises, never waits past CLEANUP_TIMEOUT_S.
 
     Over the live connection, in a daemon thread, so a link that dies meanwhile cannot hold the caller.
     Without one (an interrupted SFTP write drops it) a new connection could take the whole connect timeout,
     so the OpenSSH client does it, killed at the time limit; where there is none, the next sync's sweep does.
     """
-    if _connected(transport):
+    if transport.connected:
 
         def remove() -> None:
             with contextlib.suppress(Exception):
@@ -187,17 +194,17 @@ def _remove_parts(transport: SSHTransport, paths: list[str]) -> None:
         worker.join(CLEANUP_TIMEOUT_S)
     elif shutil.which("ssh") is not None:
         with contextlib.suppress(Exception):
-            argv = [*transport.openssh_command(), transport.host["hostname"], shlex.join(["rm", "-rf", "--", *paths])]
+            argv = [*transport.openssh_command(), transport.hostname, shlex.join(["rm", "-rf", "--", *paths])]
             subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=CLEANUP_TIMEOUT_S, check=False)
 
 
-def _sync_failure(transport: SSHTransport, workdir: str, error: Exception) -> SyncFailed:
+def _sync_failure(transport: RemoteHost, workdir: str, error: Exception) -> SyncFailed:
     """The failed copy in the words of the host's settings: the work dir's problem when one shows.
 
     Never raises: a failure to find out gives the copy's own last line of error.
     """
     with contextlib.suppress(Exception):
-        problem = workdir_problem(transport, workdir, transport.host.get("python"))
+        problem = workdir_problem(transport, workdir, transport.host.python)
         if problem is not None:
             return SyncFailed(problem)
     if isinstance(error, CommandFailed):

@@ -7,8 +7,9 @@ import posixpath
 import re
 from typing import Any
 
-from orchestrator import PROJECT_ROOT
-from orchestrator.transport import CommandResult, Transport
+from orchestrator.config.paths import PROJECT_ROOT
+from orchestrator.config.settings import HostConfig
+from orchestrator.host.transport import CommandResult, Transport
 
 REQUIRED = ("torch", "transformers", "safetensors", "numpy")
 MIN_FREE_GIB = 1.0
@@ -35,10 +36,10 @@ def checkpoint_paths(model: dict[str, Any]) -> dict[str, str]:
     return {key: path for key, path in paths.items() if path.startswith("/")}
 
 
-def run_preflight(transport: Transport, host: dict[str, Any], model: dict[str, Any], python: str) -> dict[str, Any]:
-    name = host["name"]
+def run_preflight(transport: Transport, host: HostConfig, model: dict[str, Any], python: str) -> dict[str, Any]:
+    name = host.name
     paths = checkpoint_paths(model)
-    argv = [python, "-c", SCRIPT.read_text(encoding="utf-8"), "--workdir", host["workdir"]]
+    argv = [python, "-c", SCRIPT.read_text(encoding="utf-8"), "--workdir", host.workdir]
     result = transport.run([*argv, *(f"{key}={path}" for key, path in paths.items())], check=False)
     report = _report(result.stdout) if result.ok else None
     if report is None:
@@ -54,10 +55,10 @@ def run_preflight(transport: Transport, host: dict[str, Any], model: dict[str, A
         if not present:
             raise PreflightFailed(f"{name}: {key} {paths[key]} is missing or has no config.json")
     if report.get("workdir_problem"):
-        raise PreflightFailed(f"{name}: {_workdir_words(host['workdir'], report)}")
+        raise PreflightFailed(f"{name}: {_workdir_words(host.workdir, report)}")
     if report["workdir_free_gib"] < MIN_FREE_GIB:
         raise PreflightFailed(
-            f"{name}: host.workdir {host['workdir']}: no space left "
+            f"{name}: host.workdir {host.workdir}: no space left "
             f"({report['workdir_free_gib']} GiB free, at least {MIN_FREE_GIB} GiB needed)"
         )
     if model["device"] == "cuda" and not report["gpus"]:
@@ -67,9 +68,9 @@ def run_preflight(transport: Transport, host: dict[str, Any], model: dict[str, A
     return report
 
 
-def lease_candidates(host: dict[str, Any], report: dict[str, Any]) -> list[int]:
+def lease_candidates(host: HostConfig, report: dict[str, Any]) -> list[int]:
     """The GPUs a run may lease: host.gpus, with `auto` meaning every GPU the preflight saw."""
-    gpus = host.get("gpus", "none")
+    gpus = host.gpus
     if gpus == "auto":
         return [int(g["index"]) for g in report["gpus"]]
     return [] if gpus == "none" else [int(g) for g in gpus]

@@ -47,6 +47,9 @@ class RunStatus(str, Enum):
 
 _EXIT_CODES = {RunStatus.FINISHED: 0, RunStatus.FAILED: 1, RunStatus.KILLED: 130, RunStatus.DETACHED: 75}
 
+# The colour a terminal shows an MLflow run status in (a run's summary, a sweep's table).
+STATUS_STYLE = {"FINISHED": "green", "FAILED": "red", "KILLED": "yellow"}
+
 
 class Stage(str, Enum):
     """The phase a failure belongs to (the `failure_stage` tag)."""

@@ -16,15 +16,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from orchestrator.display import LiveProgress
-from orchestrator.errors import HostLost, PhaseFailed
-from orchestrator.launch import WorkerStatus, stop_worker, worker_status
-from orchestrator.mirror import EventMirror
-from orchestrator.ssh_transport import CONNECTION_ERRORS, HostKeyRefused
-from orchestrator.status import Stage
+from orchestrator.host.launch import WorkerStatus, stop_worker, worker_status
+from orchestrator.host.transport import CONNECTION_ERRORS, HostKeyRefused, Transport
+from orchestrator.lifecycle.display import LiveProgress
+from orchestrator.lifecycle.errors import HostLost, PhaseFailed
+from orchestrator.stream.mirror import EventMirror
+from orchestrator.stream.sink import MlflowSink
 from orchestrator.tracking.client import TrackingUnavailable, outages_named, short_reason
-from orchestrator.tracking.sink import MlflowSink
-from orchestrator.transport import Transport
+from orchestrator.tracking.status import Stage
 
 
 class Reconnect:

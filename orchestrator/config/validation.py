@@ -14,9 +14,8 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from orchestrator.prompts import resolve_prompts
-from orchestrator.settings import JobConfig
-from orchestrator.sync import SYNC_METHODS
+from orchestrator.config.prompts import resolve_prompts
+from orchestrator.config.settings import SYNC_METHODS, JobConfig
 from remote_worker.prompt_set import PromptSetError
 from remote_worker.spec import DEVICES, DTYPES, EXPERIMENT_NAMES, MODEL_SOURCES
 
@@ -153,6 +152,17 @@ def _check_ssh_host(container: dict[str, Any]) -> None:
     _choice(container, "host.sync", SYNC_METHODS)
     if not isinstance(_get(container, "host.accept_new_host_key"), bool):
         raise ConfigError("host.accept_new_host_key must be true or false")
+    for key, meaning in (
+        ("host.user", "a user name"),
+        ("host.identity_file", "the path of a private key"),
+        ("host.proxy_jump", "a gateway host such as user@bastion"),
+    ):
+        value = _get(container, key)
+        if value is not None and (isinstance(value, (bool, dict, list)) or not str(value).strip()):
+            raise ConfigError(f"{key}={value!r} must be null or {meaning}")
+    known_hosts = _get(container, "host.known_hosts")
+    if not isinstance(known_hosts, str) or not known_hosts.strip():
+        raise ConfigError(f"host.known_hosts={known_hosts!r} must be the path of a known_hosts file")
 
 
 def _check_prompts(experiment: dict[str, Any]) -> None:

@@ -14,13 +14,13 @@ from mlflow.tracking import MlflowClient
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator import tags
-from orchestrator.events import EVENTS_FILE, parse_chunk
-from orchestrator.launch import STDERR_FILE, worker_status
-from orchestrator.settings import JobConfig
+from orchestrator.config.settings import JobConfig
+from orchestrator.config.validation import ConfigError
+from orchestrator.host.launch import STDERR_FILE, worker_status
+from orchestrator.host.transport import Transport
+from orchestrator.stream.events import EVENTS_FILE, parse_chunk
+from orchestrator.tracking import tags
 from orchestrator.tracking.client import outages_named
-from orchestrator.transport import Transport
-from orchestrator.validation import ConfigError
 
 MAX_RUNS = 1000
 

@@ -1,23 +1,45 @@
-"""Where commands run and files live: one small interface, a local implementation (Invoke) here.
+"""Where commands run and files live: one small interface, and what its implementations raise.
 
-Every command is an argv list, joined with `shlex.join` at this one place, so no value from the config is
+The implementations are `local.LocalTransport` (this machine, through Invoke) and `ssh.SSHTransport` (Fabric);
+`connect.transport_for` is the one place that picks one, and nothing after it asks which kind it holds.
+Every command is an argv list, joined with `shlex.join` where it is run, so no value from the config is
 ever read by a shell as syntax.
 """
 
 from __future__ import annotations
 
-import os
 import shlex
-import shutil
-import signal
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from invoke import Context
+import paramiko
 
-from orchestrator.errors import Interrupted
+
+class Interrupted(Exception):
+    """The user (Ctrl-C) or the sweep (another job failed under fail_fast) asked to stop.
+
+    Defined here, at the bottom of the layers that raise it: a local command that the terminal's Ctrl-C
+    killed raises it, and so do the lifecycle's cancel and the sweep (see `lifecycle/errors.py`)."""
+
+
+# What a lost or refused connection raises, in paramiko (SFTP included) and below it; a local command never
+# does. The callers name these, never a transport's class: they are the interface's failure vocabulary.
+CONNECTION_ERRORS = (paramiko.SSHException, paramiko.sftp.SFTPError, socket.error, EOFError, OSError)
+
+
+class ConnectionLost(paramiko.SSHException):
+    """The channel closed before the command reported its exit status."""
+
+
+class HostKeyRefused(paramiko.SSHException):
+    """The host's key is not in known_hosts and the host config does not accept new keys."""
+
+
+class ConnectFailed(paramiko.SSHException):
+    """No SSH session could be opened; the message names the host setting to look at."""
 
 
 @dataclass(frozen=True)
@@ -81,59 +103,3 @@ class Transport(Protocol):
         gets a content-addressed snapshot (`sync.py`)."""
 
     def close(self) -> None: ...
-
-
-class LocalTransport:
-    """This machine, through Invoke's local runner."""
-
-    def __init__(self, name: str = "local") -> None:
-        self.name = name
-        self._context = Context()
-
-    def open(self) -> None:
-        return None
-
-    def reconnect(self) -> None:
-        return None
-
-    def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, check: bool = True) -> CommandResult:
-        result = self._context.run(
-            shlex.join(argv), hide=True, warn=True, in_stream=False, env=dict(env or {}), pty=False
-        )
-        if result.exited == -signal.SIGINT:
-            # The terminal's Ctrl-C reaches the whole process group, this command included: it did not fail,
-            # it was interrupted (over SSH the remote command never sees it).
-            raise Interrupted("interrupted by the user (Ctrl-C)")
-        return command_result(argv, result.exited, result.stdout, result.stderr, check)
-
-    def read_bytes(self, path: str, offset: int, limit: int) -> bytes:
-        try:
-            with open(path, "rb") as f:
-                f.seek(offset)
-                return f.read(limit)
-        except FileNotFoundError:
-            return b""
-
-    def write_file(self, path: str, data: bytes, mode: int) -> None:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(path, mode)
-
-    def make_dirs(self, path: str, mode: int) -> None:
-        os.makedirs(path, mode=mode, exist_ok=True)
-        os.chmod(path, mode)
-
-    def fetch(self, path: str, local_path: Path) -> bool:
-        if not os.path.isfile(path):
-            return False
-        shutil.copyfile(path, local_path)
-        return True
-
-    def prepare_code(self, workdir: str, method: str) -> tuple[str, bool]:
-        from orchestrator import PROJECT_ROOT
-
-        return str(PROJECT_ROOT), False
-
-    def close(self) -> None:
-        return None

@@ -35,11 +35,11 @@ from mlflow.utils.validation import (
     MAX_TAG_VAL_LENGTH,
 )
 
-from orchestrator import tags
-from orchestrator.events import Event
-from orchestrator.redaction import redact, to_params
-from orchestrator.state import StateStore, StreamState
-from orchestrator.transport import Transport
+from orchestrator.config.redaction import redact, to_params
+from orchestrator.host.transport import Transport
+from orchestrator.stream.events import Event
+from orchestrator.stream.state import StateStore, StreamState
+from orchestrator.tracking import tags
 
 # Kept for the tests and tools that name them from here.
 SCOPE_TAG = tags.SCOPE

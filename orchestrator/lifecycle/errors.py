@@ -1,0 +1,37 @@
+"""The ways a phase of the lifecycle can go wrong, each with one meaning for the run (see `job.py`).
+
+| raised              | by                                   | the run                                                |
+| ------------------- | ------------------------------------ | ------------------------------------------------------ |
+| PhaseFailed         | connect, preflight, sync, launch     | FAILED at that stage; a started worker is stopped      |
+| Interrupted         | Ctrl-C, a cancelled sweep            | the worker is stopped; KILLED unless it had ended      |
+| HostLost            | follow, past host.reconnect_budget_s | stays RUNNING for `attach` (the worker goes on)        |
+| TrackingUnavailable | any call to MLflow                   | waited out while the worker runs, then left for attach |
+| LocalFailure        | the state folder, the local disk     | the worker is stopped; FAILED at stage `local`         |
+
+Anything else is a bug of the orchestrator, treated as a LocalFailure: named, never "host unreachable",
+never an orphaned worker. Three of them are raised below the lifecycle and defined where they are raised
+(imports run one way, outer to inner): Interrupted by `host/transport.py` (a local command the terminal's
+Ctrl-C killed), TrackingUnavailable by `tracking/client.py`, LocalFailure by `stream/state.py`.
+"""
+
+from __future__ import annotations
+
+from orchestrator.host.transport import Interrupted
+from orchestrator.stream.state import LocalFailure
+from orchestrator.tracking.client import TrackingUnavailable
+from orchestrator.tracking.status import Stage
+
+__all__ = ["HostLost", "Interrupted", "LocalFailure", "PhaseFailed", "TrackingUnavailable"]
+
+
+class PhaseFailed(Exception):
+    """A phase could not do its job; `message` is the one line the user sees and the `error` tag."""
+
+    def __init__(self, stage: Stage, message: str) -> None:
+        super().__init__(message)
+        self.stage = stage
+        self.message = message
+
+
+class HostLost(Exception):
+    """The host stayed out of reach for the whole reconnect budget."""

@@ -1,0 +1,54 @@
+"""The sweep's figure: every job's tau and speedup against tree budget, drawn into the parent run."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display: figures are files logged to MLflow
+import matplotlib.pyplot as plt
+
+from orchestrator.sweep.rows import Row
+from orchestrator.tracking.plots import budget_axis, save_figure
+
+
+def plot_sweep(rows: list[Row], out_dir: Path) -> list[Path]:
+    """tau and speedup against tree budget, one row of panels per model and one line per job; each job's
+    DFlash as a dashed line of the same colour; the legend beside the panels, never over the data."""
+    lines: dict[str, dict[str, list[Row]]] = defaultdict(lambda: defaultdict(list))
+    dflash: dict[str, dict[str, Row]] = defaultdict(dict)
+    for row in rows:
+        label = f"#{row.job} {_without_model(row.varies)}"
+        if row.tree_budget is not None and row.tau is not None:
+            lines[row.model][label].append(row)
+        elif row.method == "dflash" and row.tau is not None:
+            dflash[row.model][label] = row
+    if not lines:
+        return []
+    fig, axes = plt.subplots(len(lines), 2, figsize=(13, 3.8 * len(lines)), squeeze=False)
+    for (model, jobs), panels in zip(sorted(lines.items()), axes, strict=True):
+        budgets = sorted({r.tree_budget for points in jobs.values() for r in points if r.tree_budget})
+        for axis, key, label in (
+            (panels[0], "tau", "tau (tokens per round)"),
+            (panels[1], "speedup_vs_ar", "speedup vs AR"),
+        ):
+            for job, points in sorted(jobs.items()):
+                points.sort(key=lambda r: r.tree_budget)
+                (line,) = axis.plot([r.tree_budget for r in points], [getattr(r, key) for r in points], "o-", label=job)
+                reference = dflash[model].get(job)
+                if reference is not None and getattr(reference, key) is not None:
+                    axis.axhline(getattr(reference, key), linestyle="--", color=line.get_color(), linewidth=1)
+            if key == "speedup_vs_ar":
+                axis.axhline(1.0, linestyle=":", color="grey")
+            budget_axis(axis, budgets)
+            axis.set_ylabel(label)
+            axis.set_title(f"{model} (dashed: DFlash; dotted: AR)", fontsize="small")
+        panels[1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
+    fig.tight_layout()
+    return [save_figure(fig, out_dir / "sweep_tau_speedup_vs_budget.png")]
+
+
+def _without_model(overrides: str) -> str:
+    return " ".join(o for o in overrides.split() if not o.startswith("model=")) or "(defaults)"

@@ -1,0 +1,74 @@
+"""A sweep's results read back from MLflow: one row per (job, method), whichever launcher ran the jobs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mlflow.entities import Run
+from mlflow.tracking import MlflowClient
+
+from orchestrator.tracking import tags as mlflow_tags
+
+METRICS = ("tau", "speedup_vs_ar", "tokens_per_s", "lossless")
+
+
+@dataclass(frozen=True)
+class Row:
+    job: int
+    status: str
+    model: str
+    overrides: str
+    varies: str = ""  # the overrides that differ between the jobs of the sweep
+    method: str = ""
+    tree_budget: int | None = None
+    tau: float | None = None
+    speedup_vs_ar: float | None = None
+    tokens_per_s: float | None = None
+    lossless: float | None = None
+    error: str = ""
+
+
+def _children(client: MlflowClient, experiment_ids: list[str], parent: str) -> list[Run]:
+    return client.search_runs(experiment_ids, f"tags.mlflow.parentRunId = '{parent}'", max_results=10000)
+
+
+def sweep_rows(client: MlflowClient, parent_run_id: str) -> list[Row]:
+    """One row per (job, method); a job without method runs (a probe, a failure) is one row."""
+    experiment_ids = [e.experiment_id for e in client.search_experiments()]
+    jobs = sorted(
+        _children(client, experiment_ids, parent_run_id), key=lambda r: int(r.data.tags.get(mlflow_tags.SWEEP_JOB, -1))
+    )
+    overrides = {job.info.run_id: job.data.tags.get(mlflow_tags.HYDRA_OVERRIDES, "").split() for job in jobs}
+    common = set.intersection(*(set(o) for o in overrides.values())) if len(jobs) > 1 else set()
+    rows = []
+    for job in jobs:
+        tags = job.data.tags
+        base = {
+            "job": int(tags.get(mlflow_tags.SWEEP_JOB, -1)),
+            "status": job.info.status,
+            "model": tags.get(mlflow_tags.MODEL, ""),
+            "overrides": " ".join(overrides[job.info.run_id]),
+            "varies": " ".join(o for o in overrides[job.info.run_id] if o not in common),
+            "error": tags.get(mlflow_tags.ERROR, "").splitlines()[0] if tags.get(mlflow_tags.ERROR) else "",
+        }
+        methods = _children(client, experiment_ids, job.info.run_id)
+        if not methods:
+            rows.append(Row(**base))
+        for method in sorted(methods, key=_method_order):
+            budget = method.data.params.get("tree_budget")
+            values = {k: method.data.metrics.get(k) for k in METRICS}
+            rows.append(
+                Row(
+                    **base,
+                    method=method.data.tags.get(mlflow_tags.SCOPE, method.info.run_name or ""),
+                    tree_budget=int(budget) if budget not in (None, "None", "") else None,
+                    **values,
+                )
+            )
+    return rows
+
+
+def _method_order(run: Run) -> tuple[int, int]:
+    budget = run.data.params.get("tree_budget")
+    kind = {"ar": 0, "dflash": 1}.get(run.data.params.get("method", ""), 2)
+    return kind, int(budget) if budget not in (None, "None", "") else 0

@@ -1,0 +1,35 @@
+"""The checkout's commit, dirty flag and diff, recorded with every run."""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+
+from orchestrator.config.paths import PROJECT_ROOT
+
+
+@dataclass(frozen=True)
+class GitInfo:
+    commit: str
+    dirty: bool
+    diff: str
+
+
+def _git(*args: str) -> subprocess.CompletedProcess[str]:
+    """A git command in this checkout; never raises (no git at all reads as a failed command)."""
+    try:
+        return subprocess.run(
+            ["git", "-C", str(PROJECT_ROOT), *args], capture_output=True, text=True, stdin=subprocess.DEVNULL
+        )
+    except OSError as error:
+        return subprocess.CompletedProcess(args, 127, "", str(error))
+
+
+def git_info() -> GitInfo:
+    """`unknown` outside a git checkout (for example an unpacked release)."""
+    head = _git("rev-parse", "HEAD")
+    if head.returncode != 0:
+        return GitInfo(commit="unknown", dirty=False, diff="")
+    status = _git("status", "--porcelain", "--untracked-files=no").stdout
+    diff = _git("diff", "HEAD").stdout if status.strip() else ""
+    return GitInfo(commit=head.stdout.strip(), dirty=bool(status.strip()), diff=diff)
