@@ -9,7 +9,7 @@ ARGS ?=
 COMPAT_VENV := .venv-compat
 COMPAT_STAMP := $(COMPAT_VENV)/.installed
 
-.PHONY: run sweep test test-compat test-realwidth bench fixtures lint ui lock clean
+.PHONY: run sweep test check test-compat test-realwidth bench fixtures lint ui lock clean
 
 $(STAMP): requirements/worker.txt requirements/local.txt requirements/dev.txt requirements/lock.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,9 +24,22 @@ run: $(STAMP)
 sweep: $(STAMP)
 	$(PY) -m orchestrator --multirun sweep=default $(ARGS)
 
-## test: the whole test suite
+# Test processes at once: one per core, at most four (each test may start a worker, an MLflow server, an sshd).
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 4 ? n : 4 )))
+
+## test: the whole test suite, its independent tests in parallel (TEST_WORKERS=1 for one at a time)
 test: $(STAMP)
-	$(PY) -m pytest $(ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal $(ARGS)
+
+# The inner loop's answer in under two minutes: in-process tests of the lifecycle (fake transport and
+# tracking), validation, redaction, the layers, the tree and cache math, and the twins in float64.
+CHECK_TESTS = tests/test_architecture.py tests/test_lifecycle.py tests/test_validation.py tests/test_redaction.py \
+	tests/test_events.py tests/test_mirror.py tests/test_sink.py tests/test_gdn_math.py \
+	tests/test_target_and_trees.py tests/test_twins.py
+
+## check: the fast in-process tests (under 2 minutes on 2 cores): `make check` while working, `make test` before a commit
+check: $(STAMP)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not slow" -k "not float32" $(CHECK_TESTS) $(ARGS)
 
 ## test-compat: the worker's tests under the oldest supported transformers (5.6.x), in .venv-compat
 $(COMPAT_STAMP): requirements/worker-compat.txt requirements/worker-compat.lock

@@ -17,6 +17,12 @@ from tests.mlflow_server import MlflowServer, start_mlflow_server, stop_mlflow_s
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 
+# Under pytest-xdist (`make test` runs two workers) the cores are shared out, not oversubscribed: each test
+# process, and every worker or orchestrator it starts, computes on its share (set before torch is imported).
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    _share = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ.setdefault("OMP_NUM_THREADS", str(_share))
+
 
 def group_alive(pgid: int) -> bool:
     """Whether any process of the process group `pgid` is left."""
@@ -47,7 +53,12 @@ class JobPaths:
     state_dir: Path
 
     def overrides(self) -> list[str]:
-        return [f"host.workdir={self.workdir}", f"orchestrator.state_dir={self.state_dir}"]
+        # The GPU lease locks too: a test's leases must not wait on another test's (xdist runs them at once).
+        return [
+            f"host.workdir={self.workdir}",
+            f"orchestrator.state_dir={self.state_dir}",
+            f"host.gpu_lock_dir={self.workdir / 'gpu-locks'}",
+        ]
 
     def run_dirs(self) -> list[Path]:
         runs = self.workdir / "runs"

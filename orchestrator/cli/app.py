@@ -1,4 +1,4 @@
-"""The commands: run (and detach), attach, cancel, list. Each is a short recipe of the phases in `job.py`.
+"""The commands: run (and detach), attach, cancel, list. Each is a short recipe of the phases in `lifecycle/job.py`.
 
     validate config → open tracking → open state → create (or find) the run → lifecycle(body) → report
 
@@ -54,7 +54,7 @@ def make_transport(config: JobConfig) -> Transport:
 
 
 def run_job(cfg: DictConfig) -> int:
-    """Validate, then run the command the config asks for; return the exit code (see `status.py`).
+    """Validate, then run the command the config asks for; return the exit code (see `tracking/status.py`).
 
     Nothing escapes to Hydra: its report of a failed job prints every override verbatim, secrets included."""
     try:

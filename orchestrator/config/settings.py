@@ -130,7 +130,7 @@ class OrchestratorConfig:
 @dataclass(frozen=True)
 class JobConfig:
     command: Command
-    run_id: str | None  # for attach, cancel and logs: a run id, a prefix of one, or `last` (see app.find_run)
+    run_id: str | None  # for attach, cancel and logs: a run id, a prefix of one, or `last` (see cli.listing.find_run)
     host: HostConfig
     tracking: TrackingConfig
     orchestrator: OrchestratorConfig

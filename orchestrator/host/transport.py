@@ -100,6 +100,6 @@ class Transport(Protocol):
         """Where the worker's code is on the host (its PYTHONPATH), and whether anything was copied there.
 
         The hook each kind of host answers its own way: this machine runs the checkout itself, an SSH host
-        gets a content-addressed snapshot (`sync.py`)."""
+        gets a content-addressed snapshot (`host/sync.py`)."""
 
     def close(self) -> None: ...

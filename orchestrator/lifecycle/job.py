@@ -3,7 +3,7 @@
 Each phase is a short function that does one thing and turns the failures it expects into the error kinds
 of `errors.py`; `lifecycle` is the one place that decides what each kind means for the run (stop the
 worker or not, FAILED or KILLED or left for `attach`) and then always collects and finishes. The commands
-in `app.py` (run, detach, attach, cancel) are the same recipe with a different body.
+in `cli/app.py` (run, detach, attach, cancel) are the same recipe with a different body.
 """
 
 from __future__ import annotations
