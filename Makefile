@@ -31,15 +31,16 @@ TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 4 ? n :
 test: $(STAMP)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal $(ARGS)
 
-# The inner loop's answer in under two minutes: in-process tests of the lifecycle (fake transport and
-# tracking), validation, redaction, the layers, the tree and cache math, and the twins in float64.
+# The inner loop's answer in about a minute: the lifecycle on a fake transport and tracking, validation,
+# redaction, the layers, the event path, host failures, the job's summary, the tree and cache math, the
+# published layouts and their twins in float64; no MLflow server, sshd or orchestrator process.
 CHECK_TESTS = tests/test_architecture.py tests/test_lifecycle.py tests/test_validation.py tests/test_redaction.py \
 	tests/test_events.py tests/test_mirror.py tests/test_sink.py tests/test_gdn_math.py \
-	tests/test_target_and_trees.py tests/test_twins.py
+	tests/test_target_and_trees.py tests/test_twins.py tests/test_host_failures.py tests/test_job_summary.py tests/test_layout.py
 
 ## check: the fast in-process tests (under 2 minutes on 2 cores): `make check` while working, `make test` before a commit
 check: $(STAMP)
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not slow" -k "not float32" $(CHECK_TESTS) $(ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not slow" -k "not (twins and float32)" $(CHECK_TESTS) $(ARGS)
 
 ## test-compat: the worker's tests under the oldest supported transformers (5.6.x), in .venv-compat
 $(COMPAT_STAMP): requirements/worker-compat.txt requirements/worker-compat.lock
