@@ -8,6 +8,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from orchestrator import CONF_DIR
+from orchestrator.config.settings import JobConfig, SSHSettings
 from orchestrator.config.validation import ConfigError, check_group_choices, resolve_config
 from remote_worker.experiments import EXPERIMENTS
 from remote_worker.spec import EXPERIMENT_NAMES
@@ -79,6 +80,10 @@ def test_bad_values_give_one_line_naming_the_key(override: str, message: str) ->
         (["host.keepalive_count_max=0"], "host.keepalive_count_max=0 must be a whole number >= 1"),
         (["host.sync=scp"], "host.sync='scp' is not one of: auto, rsync, tar"),
         (["host.accept_new_host_key=maybe"], "host.accept_new_host_key must be true or false"),
+        (["host.user=''"], "host.user='' must be null or a user name"),
+        (["host.identity_file=[a,b]"], "host.identity_file=['a', 'b'] must be null or the path of a private key"),
+        (["host.proxy_jump=true"], "host.proxy_jump=True must be null or a gateway host such as user@bastion"),
+        (["host.known_hosts=null"], "host.known_hosts=None must be the path of a known_hosts file"),
     ],
 )
 def test_ssh_host_settings_are_checked(overrides: list[str], message: str) -> None:
@@ -86,6 +91,25 @@ def test_ssh_host_settings_are_checked(overrides: list[str], message: str) -> No
     with pytest.raises(ConfigError) as err:
         composed(["host=kpro5", *overrides])
     assert str(err.value) == message
+
+
+def test_the_ssh_settings_are_typed_once_and_a_local_host_has_none() -> None:
+    host = JobConfig.from_resolved(composed(["host=kpro5", "host.port=2222", "host.keepalive_s=2"])).host
+    assert host.ssh == SSHSettings(
+        hostname="kpro5",
+        port=2222,
+        user="root",
+        identity_file=None,
+        proxy_jump=None,
+        known_hosts="~/.ssh/known_hosts",
+        accept_new_host_key=False,
+        connect_timeout_s=15.0,
+        keepalive_s=2.0,
+        keepalive_count_max=3,
+    )
+    assert host.is_ssh and host.address == "kpro5"
+    local = JobConfig.from_resolved(composed([])).host
+    assert local.ssh is None and not local.is_ssh and local.address == "local"
 
 
 def test_missing_mandatory_value_is_named() -> None:
