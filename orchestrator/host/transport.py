@@ -21,12 +21,13 @@ import paramiko
 class Interrupted(Exception):
     """The user (Ctrl-C) or the sweep (another job failed under fail_fast) asked to stop.
 
-    Defined here, at the bottom of the layers that raise it: a local command that the terminal's Ctrl-C
-    killed raises it, and so do the lifecycle's cancel and the sweep (see `lifecycle/errors.py`)."""
+    Defined here, in the lowest layer that raises it: a local command that the terminal's Ctrl-C killed
+    raises it, as does the `cancel` command above; `lifecycle/errors.py` gives it its meaning."""
 
 
-# What a lost or refused connection raises, in paramiko (SFTP included) and below it; a local command never
-# does. The callers name these, never a transport's class: they are the interface's failure vocabulary.
+# What a lost or refused connection raises, in paramiko (SFTP included) and below it (OSError, which a local
+# file operation may raise too). Callers catch these names, never a transport's class: they are the
+# interface's failure vocabulary, whichever transport `connect.transport_for` picked.
 CONNECTION_ERRORS = (paramiko.SSHException, paramiko.sftp.SFTPError, socket.error, EOFError, OSError)
 
 
