@@ -38,7 +38,7 @@ CHECK_TESTS = tests/test_architecture.py tests/test_lifecycle.py tests/test_vali
 	tests/test_events.py tests/test_mirror.py tests/test_sink.py tests/test_gdn_math.py \
 	tests/test_target_and_trees.py tests/test_twins.py tests/test_host_failures.py tests/test_job_summary.py tests/test_layout.py
 
-## check: the fast in-process tests (under 2 minutes on 2 cores): `make check` while working, `make test` before a commit
+## check: the fast in-process tests (about a minute on 2 cores): `make check` while working, `make test` before a commit
 check: $(STAMP)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not slow" -k "not (twins and float32)" $(CHECK_TESTS) $(ARGS)
 

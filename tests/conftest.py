@@ -17,7 +17,7 @@ from tests.mlflow_server import MlflowServer, start_mlflow_server, stop_mlflow_s
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 
-# Under pytest-xdist (`make test` runs two workers) the cores are shared out, not oversubscribed: each test
+# Under pytest-xdist (`make test` runs a test process per core) the cores are shared out, not oversubscribed: each test
 # process, and every worker or orchestrator it starts, computes on its share (set before torch is imported).
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
     _share = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))

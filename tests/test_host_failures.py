@@ -39,7 +39,23 @@ ROOT = os.geteuid() == 0
 
 
 def host(workdir: Path | str) -> HostConfig:
-    return HostConfig.from_mapping({"name": "box", "kind": "local", "workdir": str(workdir), "gpus": "none"})
+    return HostConfig.from_mapping(
+        {"name": "box", "kind": "local", "workdir": str(workdir), "gpus": "none", "gpu_lock_dir": "/tmp/locks"}
+    )
+
+
+# An SSH host's settings as a host file gives them (conf/host/localhost_ssh.yaml), for transports that never connect.
+SSH_HOST = {
+    "name": "box",
+    "kind": "ssh",
+    "hostname": "box.invalid",
+    "known_hosts": "~/.ssh/known_hosts",
+    "workdir": "/w",
+    "gpu_lock_dir": "/tmp/locks",
+    "connect_timeout_s": 10,
+    "keepalive_s": 2,
+    "keepalive_count_max": 3,
+}
 
 
 def fake_python(tmp_path: Path, body: str, name: str = "python") -> str:
@@ -236,7 +252,7 @@ class FakeSSH(LocalTransport):
     def __init__(self, prefix: Sequence[str] = (), connected: bool = True, fail_write: BaseException | None = None):
         super().__init__("box")
         self.prefix = list(prefix)
-        self.host = HostConfig.from_mapping({"name": "box", "kind": "ssh", "hostname": "box.invalid", "workdir": "/w"})
+        self.host = HostConfig.from_mapping({**SSH_HOST, "hostname": "box.invalid"})
         self.hostname = "box.invalid"
         self._connection = SimpleNamespace(is_connected=connected)
         self.fail_write = fail_write
@@ -524,10 +540,8 @@ class FakeSFTP:
 
 
 def test_an_interrupted_sftp_write_drops_the_connection_instead_of_waiting(tmp_path: Path) -> None:
-    config = {"name": "box", "kind": "ssh", "workdir": "/w", "hostname": "127.0.0.1", "port": 9}
-    transport = SSHTransport(
-        HostConfig.from_mapping({**config, "known_hosts": str(tmp_path / "known_hosts"), "connect_timeout_s": 1})
-    )
+    config = {**SSH_HOST, "hostname": "127.0.0.1", "port": 9, "known_hosts": str(tmp_path / "known_hosts")}
+    transport = SSHTransport(HostConfig.from_mapping({**config, "connect_timeout_s": 1}))
     file = FakeFile(fail_at=2, error=KeyboardInterrupt())
     sftp = FakeSFTP(file)
     transport._sftp = sftp  # type: ignore[assignment]

@@ -80,9 +80,9 @@ def test_bad_values_give_one_line_naming_the_key(override: str, message: str) ->
         (["host.keepalive_count_max=0"], "host.keepalive_count_max=0 must be a whole number >= 1"),
         (["host.sync=scp"], "host.sync='scp' is not one of: auto, rsync, tar"),
         (["host.accept_new_host_key=maybe"], "host.accept_new_host_key must be true or false"),
-        (["host.user=''"], "host.user='' must be null or a user name"),
-        (["host.identity_file=[a,b]"], "host.identity_file=['a', 'b'] must be null or the path of a private key"),
-        (["host.proxy_jump=true"], "host.proxy_jump=True must be null or a gateway host such as user@bastion"),
+        (["host.user=[a,b]"], "host.user=['a', 'b'] must be null or a user name"),
+        (["host.identity_file=true"], "host.identity_file=True must be null or a key file"),
+        (["host.proxy_jump={a:1}"], "host.proxy_jump={'a': 1} must be null or a host"),
         (["host.known_hosts=null"], "host.known_hosts=None must be the path of a known_hosts file"),
     ],
 )

@@ -43,19 +43,25 @@ class SSHSettings:
 
     @classmethod
     def from_mapping(cls, host: Mapping[str, Any]) -> SSHSettings:
-        """From a resolved `host` section that validation has checked (`config/validation.py`)."""
+        """From a resolved `host` section that validation has checked (`config/validation.py`): the keys every
+        SSH host file has are required; user, port, key and gateway may be absent, null or empty (not set)."""
         return cls(
             hostname=str(host["hostname"]),
-            port=None if host.get("port") is None else int(host["port"]),
-            user=None if host.get("user") is None else str(host["user"]),
-            identity_file=None if host.get("identity_file") is None else str(host["identity_file"]),
-            proxy_jump=None if host.get("proxy_jump") is None else str(host["proxy_jump"]),
-            known_hosts=str(host.get("known_hosts") or "~/.ssh/known_hosts"),
+            port=int(host["port"]) if host.get("port") else None,
+            user=_optional(host.get("user")),
+            identity_file=_optional(host.get("identity_file")),
+            proxy_jump=_optional(host.get("proxy_jump")),
+            known_hosts=str(host["known_hosts"]),
             accept_new_host_key=bool(host.get("accept_new_host_key", False)),
-            connect_timeout_s=float(host.get("connect_timeout_s", 15)),
-            keepalive_s=float(host.get("keepalive_s", 5)),
-            keepalive_count_max=int(host.get("keepalive_count_max", 3)),
+            connect_timeout_s=float(host["connect_timeout_s"]),
+            keepalive_s=float(host["keepalive_s"]),
+            keepalive_count_max=int(host["keepalive_count_max"]),
         )
+
+
+def _optional(value: Any) -> str | None:
+    """An optional setting: None when absent, null or empty (as the connection has always read them)."""
+    return str(value) if value not in (None, "") else None
 
 
 @dataclass(frozen=True)
@@ -77,13 +83,14 @@ class HostConfig:
 
     @property
     def address(self) -> str:
-        """What the terminal names the host by: the SSH hostname, or `local`."""
+        """What the terminal names the host by: the SSH hostname, or the host config's name."""
         return self.ssh.hostname if self.ssh is not None else self.name
 
     @classmethod
     def from_mapping(cls, host: Mapping[str, Any]) -> HostConfig:
-        """From a resolved `host` section that validation has checked."""
-        kind = str(host.get("kind", "local"))
+        """From a resolved `host` section that validation has checked; `sync` and `reconnect_budget_s`, which
+        the local host's file leaves out, default to auto and 0."""
+        kind = str(host["kind"])
         return cls(
             name=str(host["name"]),
             kind=kind,
@@ -91,7 +98,7 @@ class HostConfig:
             workdir=str(host["workdir"]),
             env={str(k): str(v) for k, v in (host.get("env") or {}).items()},
             gpus=host.get("gpus", "none"),
-            gpu_lock_dir=str(host.get("gpu_lock_dir") or "/tmp/ddtree-gpu-locks"),
+            gpu_lock_dir=str(host["gpu_lock_dir"]),
             sync=str(host.get("sync", "auto")),
             reconnect_budget_s=float(host.get("reconnect_budget_s", 0)),
             ssh=SSHSettings.from_mapping(host) if kind == "ssh" else None,

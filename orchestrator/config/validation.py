@@ -152,15 +152,11 @@ def _check_ssh_host(container: dict[str, Any]) -> None:
     _choice(container, "host.sync", SYNC_METHODS)
     if not isinstance(_get(container, "host.accept_new_host_key"), bool):
         raise ConfigError("host.accept_new_host_key must be true or false")
-    for key, meaning in (
-        ("host.user", "a user name"),
-        ("host.identity_file", "the path of a private key"),
-        ("host.proxy_jump", "a gateway host such as user@bastion"),
-    ):
-        value = _get(container, key)
-        if value is not None and (isinstance(value, (bool, dict, list)) or not str(value).strip()):
-            raise ConfigError(f"{key}={value!r} must be null or {meaning}")
-    known_hosts = _get(container, "host.known_hosts")
+    for key, meaning in (("user", "a user name"), ("identity_file", "a key file"), ("proxy_jump", "a host")):
+        value = container["host"].get(key)  # optional: null (or empty) leaves it to ~/.ssh/config
+        if isinstance(value, (bool, dict, list)):
+            raise ConfigError(f"host.{key}={value!r} must be null or {meaning}")
+    known_hosts = container["host"].get("known_hosts")
     if not isinstance(known_hosts, str) or not known_hosts.strip():
         raise ConfigError(f"host.known_hosts={known_hosts!r} must be the path of a known_hosts file")
 

@@ -19,7 +19,7 @@ import paramiko
 
 
 class Interrupted(Exception):
-    """The user (Ctrl-C) or the sweep (another job failed under fail_fast) asked to stop.
+    """The user asked to stop (Ctrl-C, or `cancel`).
 
     Defined here, in the lowest layer that raises it: a local command that the terminal's Ctrl-C killed
     raises it, as does the `cancel` command above; `lifecycle/errors.py` gives it its meaning."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 from dataclasses import dataclass
 
@@ -16,13 +17,21 @@ class GitInfo:
 
 
 def _git(*args: str) -> subprocess.CompletedProcess[str]:
-    """A git command in this checkout; never raises (no git at all reads as a failed command)."""
+    """A git command in this checkout (no git at all reads as a failed command). Its output is decoded as
+    UTF-8 with bad bytes replaced: a diff of a Latin-1 file must not stop the run."""
     try:
-        return subprocess.run(
-            ["git", "-C", str(PROJECT_ROOT), *args], capture_output=True, text=True, stdin=subprocess.DEVNULL
+        done = subprocess.run(
+            ["git", "-C", str(PROJECT_ROOT), *args],
+            capture_output=True,
+            encoding="utf-8",
+            errors="replace",
+            stdin=subprocess.DEVNULL,
         )
     except OSError as error:
         return subprocess.CompletedProcess(args, 127, "", str(error))
+    if done.returncode == -signal.SIGINT:  # the terminal's Ctrl-C reached git too: an interruption, not "no git"
+        raise KeyboardInterrupt
+    return done
 
 
 def git_info() -> GitInfo:
