@@ -53,7 +53,7 @@ $(COMPAT_STAMP): requirements/worker-compat.txt requirements/worker-compat.lock
 WORKER_TESTS = $(shell grep -l "pytest.mark.worker" tests/test_*.py)
 
 test-compat: $(COMPAT_STAMP)
-	$(COMPAT_VENV)/bin/python -m pytest -m worker -p no:cacheprovider $(WORKER_TESTS) $(ARGS)
+	$(COMPAT_VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m worker -p no:cacheprovider $(WORKER_TESTS) $(ARGS)
 
 ## test-realwidth: one period of Qwen3.6-27B at its real widths, float32 and bfloat16 (about 2 minutes, 7 GB)
 test-realwidth: $(STAMP)
