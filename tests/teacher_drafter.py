@@ -22,6 +22,10 @@ class TeacherContext:
     def reserve(self, needed: int) -> None:
         """Nothing to reserve: the teacher keeps no buffers."""
 
+    def to_device_length(self) -> torch.Tensor:
+        """Fixed-shape rounds: the teacher keeps its count on the host (it is a test double, not compiled)."""
+        return torch.tensor(self.committed)
+
 
 class TeacherDrafter:
     def __init__(self, sequence: list[int], vocab: int, block_size: int, seed: int, hit_rate: float = 0.7) -> None:
@@ -38,6 +42,14 @@ class TeacherDrafter:
 
     def extend(self, context: TeacherContext, features: torch.Tensor) -> None:
         context.committed += features.shape[0]
+
+    def extend_fixed(self, context: TeacherContext, features: torch.Tensor, count: torch.Tensor) -> None:
+        context.committed += int(count)
+
+    def propose_fixed(
+        self, context: TeacherContext, root_embedding: torch.Tensor, mask_embedding: torch.Tensor, head: nn.Module
+    ) -> torch.Tensor:
+        return self.propose(context, root_embedding, mask_embedding, head)
 
     def propose(
         self, context: TeacherContext, root_embedding: torch.Tensor, mask_embedding: torch.Tensor, head: nn.Module

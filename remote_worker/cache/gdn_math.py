@@ -79,16 +79,22 @@ def commit_state(
     result: TreeDeltaResult,
     path: list[int] | torch.Tensor,
     grouped: bool = False,
+    keep: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The state after the accepted path (root first): exp(c_m) S + Σ_j exp(c_m - c_j) k_j u_jᵀ, no re-run.
 
     Shapes as in `tree_delta_rule`, with any leading dimensions (the cache commits all GDN layers at once);
-    `grouped`: the state is [..., Hk, r, d_k, d_v], and so is the result."""
+    `grouped`: the state is [..., Hk, r, d_k, d_v], and so is the result. A fixed-shape round passes a path
+    of fixed length whose tail repeats its last node, and `keep` [L] (True on the real path) so that the
+    repeats add nothing."""
     index = torch.as_tensor(path, device=k.device)
     hk = k.shape[-3]
     r = result.u.shape[-3] // hk  # value heads per key head (Hv = r·Hk), whatever the state's layout
     c_path = result.c[..., index].unflatten(-2, (hk, r))  # [..., Hk, r, L]
-    weighted_keys = k[..., index, :].unsqueeze(-3) * (c_path[..., -1:] - c_path).exp()[..., None]  # [.., Hk, r, L, d_k]
+    weights = (c_path[..., -1:] - c_path).exp()
+    if keep is not None:
+        weights = weights * keep.to(weights.dtype)
+    weighted_keys = k[..., index, :].unsqueeze(-3) * weights[..., None]  # [.., Hk, r, L, d_k]
     deltas = result.u[..., index, :].unflatten(-3, (hk, r))  # [..., Hk, r, L, d_v]
     update = weighted_keys.transpose(-1, -2) @ deltas  # [..., Hk, r, d_k, d_v]
     state4 = state if grouped else state.unflatten(-3, (hk, r))

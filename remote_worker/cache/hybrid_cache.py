@@ -86,6 +86,8 @@ class HybridCache:
             self.recurrent = torch.zeros(self.gdn_layers, hk, dk, r, dv, dtype=compute, device=layout.device)
         self.pending: list[GDNPending | None] = [None] * self.gdn_layers
         self.length = 0
+        # A fixed-shape decode keeps the committed length on the device instead (`begin_fixed`, `commit_fixed`).
+        self.device_length: torch.Tensor | None = None
         self.context: TreeContext | None = None
 
     def clone(self) -> HybridCache:
@@ -124,11 +126,60 @@ class HybridCache:
         self.context = TreeContext.build(tree, self.length, device, dtype, compute_dtype(dtype))
         return self.context
 
+    @property
+    def capacity(self) -> int:
+        return 0 if self.kv is None else int(self.kv.shape[3])
+
+    def to_device_length(self) -> torch.Tensor:
+        """Hand the committed length to the device, for fixed-shape rounds (one copy, before the first)."""
+        if self.device_length is None:
+            device = next(t.device for t in (self.kv, self.conv) if t is not None)
+            self.device_length = torch.tensor(self.length, device=device)
+        return self.device_length
+
+    def begin_fixed(
+        self, tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, depth: int, dtype: torch.dtype
+    ) -> TreeContext:
+        """`begin` for a tree on the device: nothing grows (reserve first) and no size depends on a device value."""
+        length = self.to_device_length()
+        capacity = max(self.capacity, 1)
+        self.context = TreeContext.build_fixed(
+            tokens, parents, depths, length, depth, capacity, dtype, compute_dtype(dtype)
+        )
+        return self.context
+
+    def commit_fixed(self, path: torch.Tensor, count: torch.Tensor) -> None:
+        """`commit` with the path on the device: `path` [L] holds the accepted nodes root first, its tail past
+        `count` (a device scalar) repeating the last one. Every update is in place, so compiled rounds and
+        CUDA graphs see the same buffers each time."""
+        ctx, length = self.context, self.device_length
+        if ctx is None or length is None:
+            raise RuntimeError("commit_fixed without a verified fixed-shape tree")
+        steps = torch.arange(path.shape[0], device=path.device)
+        if self.kv is not None:  # the path's K/V to the front of the window (gathered first, then written)
+            self.kv.index_copy_(3, length + steps, self.kv.index_select(3, length + path))
+        if self.gdn_layers:
+            pending: list[GDNPending] = self.pending  # type: ignore[assignment]
+            assert self.conv is not None and self.recurrent is not None
+            stacked = TreeDeltaResult(
+                out=torch.empty(0),
+                u=torch.stack([p.result.u for p in pending]),
+                c=torch.stack([p.result.c for p in pending]),
+            )
+            keys = torch.stack([p.keys for p in pending])
+            state = commit_state(self.recurrent.transpose(2, 3), keys, stacked, path, grouped=True, keep=steps < count)
+            self.recurrent.copy_(state.transpose(2, 3))
+            windows = ctx.conv_windows(self.conv.shape[1] + 1)
+            self.conv.copy_(torch.stack([p.extended for p in pending])[:, windows[path[-1], 1:]])
+        length.add_(count)
+        self.pending = [None] * self.gdn_layers
+        self.context = None
+
     def commit(self, path: list[int]) -> torch.Tensor:
         """Make the nodes of `path` (root first, each the parent of the next) the next committed tokens.
         Returns the path as a device tensor, for callers that gather the path's rows of something else."""
         ctx = self.context
-        if ctx is None:
+        if ctx is None or ctx.tree is None or ctx.committed is None:
             raise RuntimeError("commit without a verified tree")
         parents = ctx.tree.parents.tolist()
         if path[0] != 0 or any(parents[b] != a for a, b in pairwise(path)):

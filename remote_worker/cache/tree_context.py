@@ -18,8 +18,8 @@ from remote_worker.cache.tree import Tree, ancestor_mask
 
 @dataclass
 class TreeContext:
-    tree: Tree  # the host copy
-    committed: int  # tokens committed before the tree
+    tree: Tree | None  # the host copy (None for a fixed-shape round: the tree never leaves the device)
+    committed: int | None  # tokens committed before the tree (None for a fixed-shape round: `slots` says)
     tokens: torch.Tensor  # [n] on the device
     positions: torch.Tensor  # [n] committed + depth
     parents: torch.Tensor  # [n] on the device, -1 for the root
@@ -29,6 +29,9 @@ class TreeContext:
     attention_bias: torch.Tensor  # [n, committed + n] 0 where visible, -inf elsewhere (model dtype)
     rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (cos, sin with signs, permutation)
     windows: dict[int, torch.Tensor] = field(default_factory=dict)  # conv kernel -> [n, kernel] gather indices
+    # A fixed-shape round: the cache slots [n] the nodes' K/V go to; attention then reads the whole capacity,
+    # `attention_bias` being [n, capacity] (see `build_fixed`).
+    slots: torch.Tensor | None = None
 
     @staticmethod
     def build(
@@ -57,9 +60,47 @@ class TreeContext:
             attention_bias=attention_bias,
         )
 
+    @staticmethod
+    def build_fixed(
+        tokens: torch.Tensor,
+        parents: torch.Tensor,
+        depths: torch.Tensor,
+        length: torch.Tensor,
+        depth: int,
+        capacity: int,
+        dtype: torch.dtype,
+        compute: torch.dtype,
+    ) -> TreeContext:
+        """The same context for a tree already on the device, with every shape fixed: the committed `length`
+        is a device scalar, so attention reads the cache's whole `capacity` with a mask instead of a slice
+        whose size changes every round. `depth` bounds the tree's depth (the drafter's positions)."""
+        n, device = tokens.shape[0], tokens.device
+        mask = ancestor_mask(parents, depth)
+        ancestors = mask.to(compute)
+        decay_bias = ancestors.log()
+        # Slot j of the cache: committed when j < length, else node j - length when that is an ancestor.
+        columns = torch.arange(capacity, device=device)
+        offset = columns - length
+        in_tree = (offset >= 0) & (offset < n)
+        visible = (columns < length) | (mask[:, offset.clamp(0, n - 1)] & in_tree)
+        zero = torch.zeros((), dtype=dtype, device=device)
+        attention_bias = torch.where(visible, zero, float("-inf"))
+        return TreeContext(
+            tree=None,
+            committed=None,
+            tokens=tokens,
+            positions=depths + length,
+            parents=parents,
+            mask=mask,
+            ancestors=ancestors,
+            decay_bias=decay_bias,
+            attention_bias=attention_bias,
+            slots=length + torch.arange(n, device=device),
+        )
+
     @property
     def size(self) -> int:
-        return self.tree.size
+        return int(self.tokens.shape[0])
 
     def conv_windows(self, kernel: int) -> torch.Tensor:
         """Each node's conv window (`gdn_math.conv_windows`), built the first time a layer with this kernel asks."""

@@ -23,6 +23,7 @@ import torch
 
 from remote_worker.cache.hybrid_cache import HybridCache
 from remote_worker.cache.tree import Tree
+from remote_worker.decoding.fixed_round import FixedRound, choose, collect_margins, run_rounds
 from remote_worker.decoding.tree_build import DraftTree, best_first_tree, chain_tree
 from remote_worker.models.target import TargetModel
 
@@ -89,15 +90,6 @@ class _Timer:
         self.result.stage_seconds[name] += time.perf_counter() - start
 
 
-def choose(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
-    """The target's token at each row, on the logits' device: argmax at temperature 0, else a sample from
-    softmax(logits / T) drawn there (with a generator on that device; none draws from its default one)."""
-    if temperature == 0:
-        return logits.argmax(dim=-1)
-    probs = torch.softmax(logits.double() / temperature, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]
-
-
 def walk(draft: DraftTree, targets: list[int]) -> list[int]:
     """The accepted path (node indices from the root) given the target's token at every node."""
     path = [0]
@@ -146,8 +138,11 @@ def decode_from(
     stop_tokens: frozenset[int] = frozenset(),
     generator: torch.Generator | None = None,
     record_margins: bool = False,
+    fixed: bool = False,
 ) -> DecodeResult:
-    """Decode up to `max_new_tokens` from a copy of the prefilled state `start` (which stays as it is)."""
+    """Decode up to `max_new_tokens` from a copy of the prefilled state `start` (which stays as it is).
+
+    `fixed`: rounds of fixed shapes on the device (`fixed_round`) instead of this module's reference round."""
     if method not in METHODS:
         raise ValueError(f"method={method!r} is not one of {METHODS}")
     drafting = method != "ar"
@@ -159,6 +154,11 @@ def decode_from(
     cache.reserve(start.prompt_length + max_new_tokens + widest)
     if context is not None:
         context.reserve(start.prompt_length + max_new_tokens + widest)
+    if fixed:
+        if method == "ddtree" and budget < 1:
+            raise ValueError(f"a fixed-shape DDTree round needs a tree budget of at least 1, not {budget}")
+        return _decode_fixed(target, start, cache, context, method, drafter, budget, temperature, generator,
+                             max_new_tokens, stop_tokens, record_margins)  # fmt: skip
     feature_layers = drafter.feature_layers if drafting else ()
     mask_embedding = target.embed(torch.tensor(drafter.mask_token_id, device=target.device)) if drafting else None
     result = DecodeResult(tokens=[], acceptance_lengths=[])
@@ -212,4 +212,31 @@ def decode_from(
     result.decode_seconds = time.perf_counter() - started
     if margins:
         result.margins = [tuple(row) for row in torch.cat(margins).tolist()][: len(result.tokens)]
+    return result
+
+
+def _decode_fixed(
+    target: TargetModel,
+    start: Prefill,
+    cache: HybridCache,
+    context: Any | None,
+    method: str,
+    drafter: Any | None,
+    budget: int,
+    temperature: float,
+    generator: torch.Generator | None,
+    max_new_tokens: int,
+    stop_tokens: frozenset[int],
+    record_margins: bool,
+) -> DecodeResult:
+    """`decode_from` with fixed-shape rounds. No stage is timed apart: that would mean a sync per stage."""
+    result = DecodeResult(tokens=[], acceptance_lengths=[], stage_seconds={})
+    state = FixedRound(target, cache, start.root, method=method, drafter=drafter, context=context, budget=budget,
+                       temperature=temperature, generator=generator)  # fmt: skip
+    _sync(target.device)
+    started = time.perf_counter()
+    kept = run_rounds(state, result, max_new_tokens, stop_tokens, record_margins)
+    _sync(target.device)
+    result.decode_seconds = time.perf_counter() - started
+    result.margins = collect_margins(kept, len(result.tokens))
     return result

@@ -89,6 +89,12 @@ class DraftContext:
     def __init__(self, buffer: torch.Tensor, length: int = 0) -> None:
         self.buffer = buffer
         self.length = length
+        self.device_length: torch.Tensor | None = None  # fixed-shape rounds keep the length on the device
+
+    def to_device_length(self) -> torch.Tensor:
+        if self.device_length is None:
+            self.device_length = torch.tensor(self.length, device=self.buffer.device)
+        return self.device_length
 
     def reserve(self, needed: int) -> None:
         capacity = self.buffer.shape[3]
@@ -125,6 +131,28 @@ class DFlashAttention(nn.Module):
         key = self.k_norm(self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)).transpose(0, 1)
         value = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim).transpose(0, 1)
         return apply_rope(key, cos, sin), value
+
+    def forward_fixed(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, buffer: torch.Tensor, slots: torch.Tensor
+    ) -> torch.Tensor:
+        """`forward` with the committed length on the device: the block's K/V go to `slots` [B] (its
+        positions), and attention reads the whole buffer under the same visibility rule as a mask."""
+        n = x.shape[0]
+        query = apply_rope(self.q_norm(self.q_proj(x).view(n, self.num_heads, self.head_dim)).transpose(0, 1), cos, sin)
+        keys, values = self.keys_values(x, cos, sin)
+        buffer[0].index_copy_(1, slots, keys)
+        buffer[1].index_copy_(1, slots, values)
+        key_position = torch.arange(buffer.shape[2], device=x.device)[None, :]
+        query_position = slots[:, None]
+        visible = key_position <= slots[-1]  # the context and the block; later slots hold stale keys
+        if self.is_causal:
+            visible = visible & (key_position <= query_position)
+        if self.sliding_window is not None:
+            visible = visible & ((query_position - key_position).abs() < self.sliding_window)
+        out = F.scaled_dot_product_attention(
+            query[None], buffer[None, 0], buffer[None, 1], attn_mask=visible, scale=self.scaling, enable_gqa=True
+        )
+        return self.o_proj(out[0].transpose(0, 1).reshape(n, -1))
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, buffer: torch.Tensor, committed: int):
         """x: the block [B, hidden]; buffer: this layer's [2, kv_heads, capacity, head_dim], the committed
@@ -219,6 +247,38 @@ class DFlashDraft(nn.Module):
             context.buffer[index, 0, :, start : start + m] = keys
             context.buffer[index, 1, :, start : start + m] = values
         context.length = start + m
+
+    @torch.no_grad()
+    def extend_fixed(self, context: DraftContext, features: torch.Tensor, count: torch.Tensor) -> None:
+        """`extend` in fixed shapes: all L rows of `features` [L, …] are written after the context (rows past
+        `count`, a device scalar, land beyond the new length, where nothing reads them), and the length grows
+        by `count` on the device. The buffer must have room (`reserve`)."""
+        length = context.to_device_length()
+        slots = length + torch.arange(features.shape[0], device=features.device)
+        projected = self.hidden_norm(self.fc(features))
+        cos, sin = self.rotary_emb(projected[None], slots[None])
+        for index, layer in enumerate(self.layers):
+            keys, values = layer.self_attn.keys_values(projected, cos[0], sin[0])
+            context.buffer[index, 0].index_copy_(1, slots, keys)
+            context.buffer[index, 1].index_copy_(1, slots, values)
+        length.add_(count)
+
+    @torch.no_grad()
+    def propose_fixed(
+        self, context: DraftContext, root_embedding: torch.Tensor, mask_embedding: torch.Tensor, head: nn.Module
+    ) -> torch.Tensor:
+        """`propose` with the context's length on the device; the buffer must have room for the block."""
+        length = context.to_device_length()
+        slots = length + torch.arange(self.block_size, device=root_embedding.device)
+        block = torch.cat([root_embedding[None], mask_embedding[None].expand(self.block_size - 1, -1)])
+        cos, sin = self.rotary_emb(block[None], slots[None])
+        h = block
+        for index, layer in enumerate(self.layers):
+            x = layer.input_layernorm(h)
+            h = h + layer.self_attn.forward_fixed(x, cos[0], sin[0], context.buffer[index], slots)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        logits = head(self.norm(h[1:]))
+        return logits.to(compute_dtype(logits.dtype))
 
     @torch.no_grad()
     def propose(

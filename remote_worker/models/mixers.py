@@ -89,10 +89,16 @@ class AttentionMixer:
         assert ctx.rope is not None
         query = rope(self.q_norm(query), ctx.rope)  # [n, heads, d]
         key = rope(self.k_norm(key.view(n, -1, d)), ctx.rope)  # [n, kv_heads, d]
-        start, end = ctx.committed, ctx.committed + n
         buffer = cache.attention_buffer(self.slot)  # [2, kv_heads, capacity, d]
-        buffer[0, :, start:end] = key.transpose(0, 1)
-        buffer[1, :, start:end] = value.view(n, -1, d).transpose(0, 1)
+        if ctx.slots is None:  # the tree's K/V just past the committed tokens; attention reads up to them
+            assert ctx.committed is not None
+            start, end = ctx.committed, ctx.committed + n
+            buffer[0, :, start:end] = key.transpose(0, 1)
+            buffer[1, :, start:end] = value.view(n, -1, d).transpose(0, 1)
+        else:  # fixed shapes: the same slots, chosen on the device; attention reads the whole buffer, masked
+            end = buffer.shape[2]
+            buffer[0].index_copy_(1, ctx.slots, key.transpose(0, 1))
+            buffer[1].index_copy_(1, ctx.slots, value.view(n, -1, d).transpose(0, 1))
         out = F.scaled_dot_product_attention(
             query.transpose(0, 1)[None],
             buffer[None, 0, :, :end],

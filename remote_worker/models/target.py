@@ -110,11 +110,31 @@ class TargetModel:
         ctx = cache.begin(tree, self.device, self.dtype)
         h = self.embed(ctx.tokens)
         if self.rope is not None:
-            ctx.rope = self.rope(ctx.positions, ctx.committed + tree.depth + 1, h)
+            ctx.rope = self.rope(ctx.positions, cache.length + tree.depth + 1, h)
         states = self._layers(h, ctx, cache)
         hidden = {index: states[index] for index in hidden_layers}
         h = states[-1]
         return VerifyOutput(logits=self.head(self.final_norm(h)) if logits else None, hidden=hidden)
+
+    @torch.no_grad()
+    def verify_fixed(
+        self,
+        cache: HybridCache,
+        tokens: torch.Tensor,
+        parents: torch.Tensor,
+        depths: torch.Tensor,
+        depth: int,
+        hidden_layers: tuple[int, ...] = (),
+    ) -> VerifyOutput:
+        """`verify` of a tree already on the device ([n] tokens, parents, depths, at most `depth` deep), in
+        shapes that depend only on n and the cache's capacity: no device value is read, nothing grows."""
+        ctx = cache.begin_fixed(tokens, parents, depths, depth, self.dtype)
+        h = self.embed(ctx.tokens)
+        if self.rope is not None:
+            ctx.rope = self.rope(ctx.positions, cache.capacity, h)
+        states = self._layers(h, ctx, cache)
+        hidden = {index: states[index] for index in hidden_layers}
+        return VerifyOutput(logits=self.head(self.final_norm(states[-1])), hidden=hidden)
 
     def _layers(self, h: torch.Tensor, ctx: TreeContext, cache: HybridCache) -> list[torch.Tensor]:
         """h [n, hidden] through every decoder layer: the hidden states from the embeddings' (index 0) on."""

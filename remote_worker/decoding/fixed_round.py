@@ -1,0 +1,169 @@
+"""A decode round with every shape fixed and the host out of it: draft, tree, verify, walk and commit on the
+device, for AR, DFlash and DDTree alike.
+
+`loop.decode_from` is the reference round: it reads the target's choices to the host, walks the tree there
+and copies the path back. Here each round is one call, `FixedRound.step`, that reads no device value and
+whose tensors' shapes depend only on (method, budget, block size, cache capacity):
+
+- the tree has `budget + 1` nodes (`block_size` for DFlash's chain, 1 for AR), built on the device
+  (`device_tree`), padded when the candidates run out;
+- the accepted path has `block_size` slots (1 for AR), its tail repeating its last node, and a count;
+- attention reads the cache's whole capacity under a mask, and the committed lengths of the cache and the
+  drafter's context are device scalars.
+
+So `step` compiles once per (method, budget) and can be captured as a CUDA graph. The loop around it makes
+the round's one device→host transfer: the emitted tokens and their count, packed in one tensor, which it
+needs to check for stop tokens and the token limit.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from remote_worker.cache.hybrid_cache import HybridCache
+from remote_worker.decoding.device_tree import DeviceTree, device_best_first_tree, device_chain
+from remote_worker.models.target import TargetModel
+
+
+def device_walk(
+    tree: DeviceTree, targets: torch.Tensor, mask: torch.Tensor, slots: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The accepted path on the device: (path [slots], count []), the path's tail past `count` repeating its
+    last node. targets: the target's token at each node [n]; mask: the tree's ancestor-or-self mask [n, n].
+
+    A node is accepted when every node on its root path (itself included, the root excepted) carries the
+    token the target chose at that node's parent. Siblings carry distinct tokens, so the accepted nodes are
+    one chain from the root, one per depth."""
+    n = tree.size
+    parent = tree.parents.clamp(min=0)
+    is_root = torch.arange(n, device=targets.device) == 0
+    matches = is_root | (tree.valid & (tree.tokens == targets[parent]))
+    accepted = ~(mask & ~matches[None, :]).any(dim=-1)
+    count = accepted.sum()
+    last = torch.where(accepted, tree.depths, -1).argmax()
+    # path[d] = the accepted node at depth d; the rest land in a spare slot that is then dropped
+    place = torch.where(accepted, tree.depths, slots)
+    path = torch.zeros(slots + 1, dtype=torch.long, device=targets.device)
+    path = path.scatter(0, place, torch.arange(n, device=targets.device))[:slots]
+    steps = torch.arange(slots, device=targets.device)
+    return torch.where(steps < count, path, last), count
+
+
+def choose(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
+    """The target's token at each row, on the logits' device: argmax at temperature 0, else a sample from
+    softmax(logits / T) drawn there (with a generator on that device; none draws from its default one)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(logits.double() / temperature, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+
+@dataclass
+class RoundOutput:
+    """What one round leaves on the device: the packed result and what the AR margins are read from."""
+
+    packed: torch.Tensor  # [slots + 1]: the emitted tokens (first `count` are real), then `count`
+    logits: torch.Tensor  # [n, vocab] the target's logits at every node
+    path: torch.Tensor  # [slots]
+
+
+class FixedRound:
+    """One sequence's decode state for fixed-shape rounds (a forked cache and drafter context, the root token
+    on the device) and the round itself (`step`)."""
+
+    def __init__(
+        self,
+        target: TargetModel,
+        cache: HybridCache,
+        root: int,
+        *,
+        method: str,
+        drafter: Any | None = None,
+        context: Any | None = None,
+        budget: int = 0,
+        temperature: float = 0.0,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        self.target, self.cache, self.method = target, cache, method
+        self.drafter, self.context, self.budget = drafter, context, budget
+        self.temperature, self.generator = temperature, generator
+        device = target.device
+        self.root = torch.tensor(root, device=device)  # later rounds set it from the target's choice
+        self.drafting = method != "ar"
+        self.depth = drafter.block_size - 1 if self.drafting else 0
+        self.slots = self.depth + 1  # the longest accepted path: the root and one node per drafted position
+        self.feature_layers = drafter.feature_layers if self.drafting else ()
+        self.mask_embedding = target.embed(torch.tensor(drafter.mask_token_id, device=device)) if self.drafting else None
+        cache.to_device_length()
+        if context is not None:
+            context.to_device_length()
+
+    @property
+    def nodes(self) -> int:
+        """The tree's size every round."""
+        if self.method == "ddtree":
+            return self.budget + 1
+        return self.slots
+
+    def draft(self) -> DeviceTree:
+        root = self.root
+        if not self.drafting:
+            one = torch.ones(1, dtype=torch.bool, device=root.device)
+            zero = torch.zeros(1, dtype=torch.long, device=root.device)
+            return DeviceTree(root.reshape(1), zero - 1, zero, one, zero.double(), one[0])
+        assert self.drafter is not None and self.mask_embedding is not None
+        root_embedding = self.target.embed(root)
+        logits = self.drafter.propose_fixed(self.context, root_embedding, self.mask_embedding, self.target.head)
+        if self.method == "dflash":
+            return device_chain(root, logits, self.depth)
+        return device_best_first_tree(root, logits, self.budget)
+
+    def step(self) -> RoundOutput:
+        """One round, all on the device: no value is read back, no shape depends on one."""
+        tree = self.draft()
+        output = self.target.verify_fixed(
+            self.cache, tree.tokens, tree.parents, tree.depths, self.depth, self.feature_layers
+        )
+        assert output.logits is not None and self.cache.context is not None
+        targets = choose(output.logits, self.temperature, self.generator)
+        path, count = device_walk(tree, targets, self.cache.context.mask, self.slots)
+        self.cache.commit_fixed(path, count)
+        if self.feature_layers:
+            features = torch.cat([output.hidden[i][path] for i in self.feature_layers], dim=-1)
+            self.drafter.extend_fixed(self.context, features, count)
+        emitted = targets[path]  # each accepted node's child token is the target's choice there; then the bonus
+        self.root = emitted[-1]  # the path's tail repeats its last node: this is the bonus token
+        return RoundOutput(torch.cat([emitted, count[None]]), output.logits, path)
+
+
+def run_rounds(
+    state: FixedRound, result: Any, max_new_tokens: int, stop_tokens: frozenset[int], margins: bool
+) -> list[tuple[torch.Tensor, int]]:
+    """Rounds until the token limit or a stop token, into `result` (a `loop.DecodeResult`). With `margins`,
+    returns per round the target's top-2 logits along the path (still on the device) and the path's length."""
+    kept: list[tuple[torch.Tensor, int]] = []
+    started = time.perf_counter()
+    while len(result.tokens) < max_new_tokens:
+        output = state.step()
+        *emitted, count = output.packed.tolist()  # the round's one device→host transfer
+        if margins:
+            kept.append((output.logits[output.path].topk(2, dim=-1).values, count))
+        result.tree_sizes.append(state.nodes)
+        result.acceptance_lengths.append(count - 1)
+        if not result.tokens:
+            result.first_token_seconds = time.perf_counter() - started
+        for token in emitted[:count]:
+            result.tokens.append(token)
+            if token in stop_tokens or len(result.tokens) >= max_new_tokens:
+                return kept
+    return kept
+
+
+def collect_margins(kept: list[tuple[torch.Tensor, int]], tokens: int) -> list[tuple[float, float]]:
+    """The kept top-2 logits of the emitted tokens, read to the host once the clock has stopped."""
+    rows = torch.cat([values[:count] for values, count in kept]).tolist() if kept else []
+    return [(row[0], row[1]) for row in rows][:tokens]
