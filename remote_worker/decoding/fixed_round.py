@@ -97,7 +97,9 @@ class FixedRound:
         self.depth = drafter.block_size - 1 if self.drafting else 0
         self.slots = self.depth + 1  # the longest accepted path: the root and one node per drafted position
         self.feature_layers = drafter.feature_layers if self.drafting else ()
-        self.mask_embedding = target.embed(torch.tensor(drafter.mask_token_id, device=device)) if self.drafting else None
+        self.mask_embedding = None
+        if self.drafting:
+            self.mask_embedding = target.embed(torch.tensor(drafter.mask_token_id, device=device))
         cache.to_device_length()
         if context is not None:
             context.to_device_length()
