@@ -22,6 +22,9 @@ class TeacherContext:
     def reserve(self, needed: int) -> None:
         """Nothing to reserve: the teacher keeps no buffers."""
 
+    def load(self, other: TeacherContext) -> None:
+        self.committed = other.committed
+
     def to_device_length(self) -> torch.Tensor:
         """Fixed-shape rounds: the teacher keeps its count on the host (it is a test double, not compiled)."""
         return torch.tensor(self.committed)
@@ -37,7 +40,7 @@ class TeacherDrafter:
         self.mask_token_id = vocab - 1
         self.feature_layers = (1,)  # asks for features only to learn the committed length
 
-    def new_context(self) -> TeacherContext:
+    def new_context(self, capacity: int = 0) -> TeacherContext:
         return TeacherContext()
 
     def extend(self, context: TeacherContext, features: torch.Tensor) -> None:

@@ -126,6 +126,22 @@ class HybridCache:
         self.context = TreeContext.build(tree, self.length, device, dtype, compute_dtype(dtype))
         return self.context
 
+    def load(self, other: HybridCache) -> None:
+        """Copy `other`'s committed state into this cache's buffers, in place (their capacity stays): a
+        fixed-shape decode starts every prompt from the same buffers, so a captured graph stays valid."""
+        if self.kv is not None and other.kv is not None:
+            if other.length > self.kv.shape[3]:
+                raise ValueError(f"{other.length} committed tokens do not fit a cache of {self.kv.shape[3]}")
+            self.kv[:, :, :, : other.length].copy_(other.kv[:, :, :, : other.length])
+        if self.conv is not None and other.conv is not None and other.recurrent is not None:
+            assert self.recurrent is not None
+            self.conv.copy_(other.conv)
+            self.recurrent.copy_(other.recurrent)
+        self.length = other.length
+        self.to_device_length().fill_(other.length)
+        self.pending = [None] * self.gdn_layers
+        self.context = None
+
     @property
     def capacity(self) -> int:
         return 0 if self.kv is None else int(self.kv.shape[3])
@@ -170,7 +186,8 @@ class HybridCache:
             state = commit_state(self.recurrent.transpose(2, 3), keys, stacked, path, grouped=True, keep=steps < count)
             self.recurrent.copy_(state.transpose(2, 3))
             windows = ctx.conv_windows(self.conv.shape[1] + 1)
-            self.conv.copy_(torch.stack([p.extended for p in pending])[:, windows[path[-1], 1:]])
+            last_window = windows[path[-1:], 1:][0]  # indexed by a 1-element tensor: no device value read
+            self.conv.copy_(torch.stack([p.extended for p in pending])[:, last_window])
         length.add_(count)
         self.pending = [None] * self.gdn_layers
         self.context = None

@@ -72,44 +72,72 @@ class RoundOutput:
 
 
 class FixedRound:
-    """One sequence's decode state for fixed-shape rounds (a forked cache and drafter context, the root token
-    on the device) and the round itself (`step`)."""
+    """The decode state of one (method, budget) in buffers allocated once — the target's cache and the
+    drafter's context at a fixed `capacity`, the root token, the committed lengths, all on the device — and
+    the round over them (`step`). `reset` loads a prompt's prefilled state into the same buffers, so a
+    compiled round (`compile`) is compiled and captured once and serves every prompt."""
 
     def __init__(
         self,
         target: TargetModel,
-        cache: HybridCache,
-        root: int,
-        *,
         method: str,
+        capacity: int,
+        *,
         drafter: Any | None = None,
-        context: Any | None = None,
         budget: int = 0,
         temperature: float = 0.0,
-        generator: torch.Generator | None = None,
     ) -> None:
-        self.target, self.cache, self.method = target, cache, method
-        self.drafter, self.context, self.budget = drafter, context, budget
-        self.temperature, self.generator = temperature, generator
+        if method == "ddtree" and budget < 1:
+            raise ValueError(f"a fixed-shape DDTree round needs a tree budget of at least 1, not {budget}")
+        self.target, self.method, self.capacity = target, method, capacity
+        self.drafter, self.budget, self.temperature = drafter, budget, temperature
+        self.generator: torch.Generator | None = None
         device = target.device
-        self.root = torch.tensor(root, device=device)  # later rounds set it from the target's choice
         self.drafting = method != "ar"
         self.depth = drafter.block_size - 1 if self.drafting else 0
         self.slots = self.depth + 1  # the longest accepted path: the root and one node per drafted position
         self.feature_layers = drafter.feature_layers if self.drafting else ()
+        self.cache = target.new_cache(capacity)
+        self.cache.to_device_length()
+        self.context = drafter.new_context(capacity) if self.drafting else None
+        if self.context is not None:
+            self.context.to_device_length()
+        self.root = torch.zeros((), dtype=torch.long, device=device)
         self.mask_embedding = None
         if self.drafting:
             self.mask_embedding = target.embed(torch.tensor(drafter.mask_token_id, device=device))
-        cache.to_device_length()
-        if context is not None:
-            context.to_device_length()
+        self.run = self.step  # `compile` replaces it with the compiled round
 
     @property
     def nodes(self) -> int:
         """The tree's size every round."""
-        if self.method == "ddtree":
-            return self.budget + 1
-        return self.slots
+        return self.budget + 1 if self.method == "ddtree" else self.slots
+
+    def reset(self, cache: HybridCache, context: Any | None, root: int, generator: torch.Generator | None) -> None:
+        """Start from a prefilled state (copied in place; the originals stay as they are)."""
+        if cache.length + self.slots + self.nodes > self.capacity:
+            raise ValueError(f"a prompt of {cache.length + 1} tokens leaves no room in a capacity of {self.capacity}")
+        self.cache.load(cache)
+        if self.context is not None:
+            self.context.load(context)
+        self.root.fill_(root)
+        self.generator = generator
+
+    def compile(self, mode: str | None = None) -> None:
+        """The round through `torch.compile(fullgraph=True, dynamic=False)`: one graph, no break, compiled on
+        the first call. Its buffers are marked static, so a CUDA graph (`mode="reduce-overhead"`) updates
+        them in place and is captured once."""
+        for tensor in self.buffers():
+            torch._dynamo.mark_static_address(tensor)
+        self.run = torch.compile(self.step, fullgraph=True, dynamic=False, mode=mode)
+
+    def buffers(self) -> list[torch.Tensor]:
+        """Every tensor the round updates in place."""
+        cache, context = self.cache, self.context
+        tensors = [cache.kv, cache.conv, cache.recurrent, cache.device_length, self.root]
+        if context is not None and hasattr(context, "buffer"):
+            tensors += [context.buffer, context.device_length]
+        return [t for t in tensors if t is not None]
 
     def draft(self) -> DeviceTree:
         root = self.root
@@ -138,7 +166,7 @@ class FixedRound:
             features = torch.cat([output.hidden[i][path] for i in self.feature_layers], dim=-1)
             self.drafter.extend_fixed(self.context, features, count)
         emitted = targets[path]  # each accepted node's child token is the target's choice there; then the bonus
-        self.root = emitted[-1]  # the path's tail repeats its last node: this is the bonus token
+        self.root.copy_(emitted[-1])  # the path's tail repeats its last node: this is the bonus token
         return RoundOutput(torch.cat([emitted, count[None]]), output.logits, path)
 
 
@@ -150,7 +178,7 @@ def run_rounds(
     kept: list[tuple[torch.Tensor, int]] = []
     started = time.perf_counter()
     while len(result.tokens) < max_new_tokens:
-        output = state.step()
+        output = state.run()
         *emitted, count = output.packed.tolist()  # the round's one device→host transfer
         if margins:
             kept.append((output.logits[output.path].topk(2, dim=-1).values, count))

@@ -138,27 +138,27 @@ def decode_from(
     stop_tokens: frozenset[int] = frozenset(),
     generator: torch.Generator | None = None,
     record_margins: bool = False,
-    fixed: bool = False,
+    rounds: FixedRound | None = None,
 ) -> DecodeResult:
     """Decode up to `max_new_tokens` from a copy of the prefilled state `start` (which stays as it is).
 
-    `fixed`: rounds of fixed shapes on the device (`fixed_round`) instead of this module's reference round."""
+    `rounds`: decode with that fixed-shape round on the device (`fixed_round`; built for this method, budget
+    and temperature) instead of this module's reference round."""
     if method not in METHODS:
         raise ValueError(f"method={method!r} is not one of {METHODS}")
     drafting = method != "ar"
     if drafting and (drafter is None or start.draft_context is None):
         raise ValueError(f"method={method!r} needs a drafter and a prefill that fed it the prompt")
+    if rounds is not None:
+        if (rounds.method, rounds.budget, rounds.temperature) != (method, budget, temperature):
+            raise ValueError("the fixed-shape round was built for another method, budget or temperature")
+        return _decode_fixed(target, start, rounds, generator, max_new_tokens, stop_tokens, record_margins)
     cache, context = start.fork()
     # Room for every token this decode can commit and the largest tree past them: no buffer grows mid-decode.
     widest = 1 + (max(budget, drafter.block_size) if drafting else 0)
     cache.reserve(start.prompt_length + max_new_tokens + widest)
     if context is not None:
         context.reserve(start.prompt_length + max_new_tokens + widest)
-    if fixed:
-        if method == "ddtree" and budget < 1:
-            raise ValueError(f"a fixed-shape DDTree round needs a tree budget of at least 1, not {budget}")
-        return _decode_fixed(target, start, cache, context, method, drafter, budget, temperature, generator,
-                             max_new_tokens, stop_tokens, record_margins)  # fmt: skip
     feature_layers = drafter.feature_layers if drafting else ()
     mask_embedding = target.embed(torch.tensor(drafter.mask_token_id, device=target.device)) if drafting else None
     result = DecodeResult(tokens=[], acceptance_lengths=[])
@@ -218,25 +218,30 @@ def decode_from(
 def _decode_fixed(
     target: TargetModel,
     start: Prefill,
-    cache: HybridCache,
-    context: Any | None,
-    method: str,
-    drafter: Any | None,
-    budget: int,
-    temperature: float,
+    rounds: FixedRound,
     generator: torch.Generator | None,
     max_new_tokens: int,
     stop_tokens: frozenset[int],
     record_margins: bool,
 ) -> DecodeResult:
     """`decode_from` with fixed-shape rounds. No stage is timed apart: that would mean a sync per stage."""
+    needed = start.prompt_length + max_new_tokens + max(rounds.nodes, rounds.slots)
+    if needed > rounds.capacity:
+        raise ValueError(f"this decode needs {needed} cache positions; the fixed-shape round has {rounds.capacity}")
     result = DecodeResult(tokens=[], acceptance_lengths=[], stage_seconds={})
-    state = FixedRound(target, cache, start.root, method=method, drafter=drafter, context=context, budget=budget,
-                       temperature=temperature, generator=generator)  # fmt: skip
+    rounds.reset(start.cache, start.draft_context, start.root, generator)
     _sync(target.device)
     started = time.perf_counter()
-    kept = run_rounds(state, result, max_new_tokens, stop_tokens, record_margins)
+    kept = run_rounds(rounds, result, max_new_tokens, stop_tokens, record_margins)
     _sync(target.device)
     result.decode_seconds = time.perf_counter() - started
     result.margins = collect_margins(kept, len(result.tokens))
     return result
+
+
+def fixed_capacity(prompt_length: int, max_new_tokens: int, block_size: int, budget: int) -> int:
+    """The cache capacity of fixed-shape rounds for prompts up to `prompt_length` tokens: every token a decode
+    can commit and the widest tree past them, rounded up to a multiple of 256 so that nearby prompt sets
+    share compiled rounds."""
+    needed = prompt_length + max_new_tokens + max(budget + 1, block_size)
+    return -(-needed // 256) * 256

@@ -104,6 +104,14 @@ class DraftContext:
         grown[:, :, :, : self.length] = self.buffer[:, :, :, : self.length]
         self.buffer = grown
 
+    def load(self, other: DraftContext) -> None:
+        """Copy `other`'s committed K/V into this buffer, in place (see `HybridCache.load`)."""
+        if other.length + 1 > self.buffer.shape[3]:
+            raise ValueError(f"a drafter context of {other.length} tokens does not fit {self.buffer.shape[3]}")
+        self.buffer[:, :, :, : other.length].copy_(other.buffer[:, :, :, : other.length])
+        self.length = other.length
+        self.to_device_length().fill_(other.length)
+
     def clone(self) -> DraftContext:
         copy = self.buffer.new_zeros(self.buffer.shape)
         copy[:, :, :, : self.length] = self.buffer[:, :, :, : self.length]
