@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from remote_worker.decoding.loop import decode
+from remote_worker.decoding.fixed_round import FixedRound
+from remote_worker.decoding.loop import decode, decode_from, fixed_capacity, prefill
 from remote_worker.models.target import TargetModel
 from tests.teacher_drafter import TeacherDrafter
 
@@ -21,20 +22,39 @@ def assert_lossless(
     deep_budget: int,
 ) -> int:
     """AR decodes `prompt`; then DFlash and DDTree at every budget, with `draft` (when there is one) and with a
-    teacher that knows AR's continuation, must emit exactly AR's tokens, trees never past their budget.
+    teacher that knows AR's continuation, must emit exactly AR's tokens, trees never past their budget; and
+    so must the fixed-shape rounds on the device (`fixed_round`), accepting what the reference round accepts.
     Returns how many teacher runs at a budget of at least `deep_budget` committed a path of 3 tokens or more
     (the teacher is there to make long paths commit through every layer kind; callers check it did)."""
     ar = decode(target, prompt, method="ar", max_new_tokens=new_tokens)
     assert len(ar.tokens) == new_tokens and ar.tau == 1.0
+    capacity = fixed_capacity(prompt.shape[0], new_tokens, block_size, max(budgets))
+    fixed_ar = decode_from(
+        target,
+        prefill(target, prompt),
+        method="ar",
+        max_new_tokens=new_tokens,
+        rounds=FixedRound(target, "ar", capacity),
+    )
+    assert fixed_ar.tokens == ar.tokens, (seed, "fixed ar")
     teacher = TeacherDrafter(prompt.tolist() + ar.tokens, vocab, block_size, seed)
     deep = 0
     for drafter in (d for d in (draft, teacher) if d is not None):
-        dflash = decode(target, prompt, method="dflash", max_new_tokens=new_tokens, drafter=drafter)
-        assert dflash.tokens == ar.tokens, (seed, "dflash", type(drafter).__name__)
-        for budget in budgets:
-            tree = decode(target, prompt, method="ddtree", max_new_tokens=new_tokens, drafter=drafter, budget=budget)
-            assert tree.tokens == ar.tokens, (seed, budget, type(drafter).__name__)
-            assert max(tree.tree_sizes) <= budget + 1
-            if drafter is teacher and budget >= deep_budget:
-                deep += max(tree.acceptance_lengths) >= 3
+        start = prefill(target, prompt, drafter)
+        name = type(drafter).__name__
+        for method, budget in (("dflash", 0), *(("ddtree", b) for b in budgets)):
+            reference = decode_from(
+                target, start, method=method, max_new_tokens=new_tokens, drafter=drafter, budget=budget
+            )
+            assert reference.tokens == ar.tokens, (seed, method, budget, name)
+            assert max(reference.tree_sizes) <= budget + 1 or method == "dflash"
+            rounds = FixedRound(target, method, capacity, drafter=drafter, budget=budget)
+            fixed = decode_from(
+                target, start, method=method, max_new_tokens=new_tokens, drafter=drafter, budget=budget, rounds=rounds
+            )
+            assert fixed.tokens == ar.tokens, (seed, "fixed", method, budget, name)
+            if not fixed.inexact_trees:  # the same trees as the host heap's: the same paths are accepted
+                assert fixed.acceptance_lengths == reference.acceptance_lengths, (seed, "fixed", method, budget, name)
+            if drafter is teacher and method == "ddtree" and budget >= deep_budget:
+                deep += max(reference.acceptance_lengths) >= 3
     return deep

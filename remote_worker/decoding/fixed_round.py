@@ -66,7 +66,9 @@ def choose(logits: torch.Tensor, temperature: float, generator: torch.Generator 
 class RoundOutput:
     """What one round leaves on the device: the packed result and what the AR margins are read from."""
 
-    packed: torch.Tensor  # [slots + 1]: the emitted tokens (first `count` are real), then `count`
+    # [slots + 2]: the emitted tokens (the first `count` are real), `count`, and 1 when the tree's scores were
+    # rounded somewhere (`DeviceTree.exact` False: it may then differ from the host heap's at a tie)
+    packed: torch.Tensor
     logits: torch.Tensor  # [n, vocab] the target's logits at every node
     path: torch.Tensor  # [slots]
 
@@ -167,7 +169,8 @@ class FixedRound:
             self.drafter.extend_fixed(self.context, features, count)
         emitted = targets[path]  # each accepted node's child token is the target's choice there; then the bonus
         self.root.copy_(emitted[-1])  # the path's tail repeats its last node: this is the bonus token
-        return RoundOutput(torch.cat([emitted, count[None]]), output.logits, path)
+        inexact = (~tree.exact).long()[None]
+        return RoundOutput(torch.cat([emitted, count[None], inexact]), output.logits, path)
 
 
 def run_rounds(
@@ -179,7 +182,8 @@ def run_rounds(
     started = time.perf_counter()
     while len(result.tokens) < max_new_tokens:
         output = state.run()
-        *emitted, count = output.packed.tolist()  # the round's one device→host transfer
+        *emitted, count, inexact = output.packed.tolist()  # the round's one device→host transfer
+        result.inexact_trees += inexact
         if margins:
             kept.append((output.logits[output.path].topk(2, dim=-1).values, count))
         result.tree_sizes.append(state.nodes)

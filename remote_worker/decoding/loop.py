@@ -41,6 +41,9 @@ class DecodeResult:
     tree_sizes: list[int] = field(default_factory=list)
     # With record_margins: per emitted token, the target's (top-1, top-2) logits where it chose that token.
     margins: list[tuple[float, float]] = field(default_factory=list)
+    # Fixed-shape rounds: how many trees had a rounded score sum (`device_tree`), so that they may differ from
+    # the host heap's tree at an exact tie (the tokens are the target's all the same).
+    inexact_trees: int = 0
 
     @property
     def rounds(self) -> int:

@@ -1,0 +1,141 @@
+"""Fixed-shape rounds on the device: the tree equals the host heap's, the walk is the host walk, a round reads
+no device value and copies nothing to the device, and the compiled round is one graph compiled once.
+
+Exactness of the fixed rounds' tokens on every model is in the exactness suites (`tests/lossless.py`)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from bench.op_counts import build
+from remote_worker.cache.tree import Tree
+from remote_worker.decoding.device_tree import device_best_first_tree, device_chain
+from remote_worker.decoding.fixed_round import FixedRound, device_walk
+from remote_worker.decoding.loop import decode, decode_from, fixed_capacity, prefill, walk
+from remote_worker.decoding.tree_build import best_first_tree, chain_tree
+from remote_worker.models.dflash import build_draft
+from remote_worker.models.target import TargetModel
+from remote_worker.op_count import count_operations
+from tests.tiny_models import model_spec, random_prompt, tiny
+
+pytestmark = pytest.mark.worker
+
+
+def random_logits(case: int, dtype: torch.dtype) -> tuple[torch.Tensor, int]:
+    """Logits of a random shape and budget: plain, or drawn from a few values so that ties are everywhere."""
+    rng = random.Random(case)
+    depth, vocab, budget = rng.randint(1, 9), rng.choice([2, 3, 7, 16, 64]), rng.choice([1, 2, 3, 5, 8, 16, 32, 64])
+    generator = torch.Generator().manual_seed(case)
+    if case % 2:
+        logits = torch.randint(-3, 3, (depth, vocab), generator=generator).float() * 0.75
+    else:
+        logits = torch.randn(depth, vocab, generator=generator) * 3
+    return logits.to(dtype), budget
+
+
+def same_tree(device_tree, host_tree) -> bool:
+    n = host_tree.tree.size
+    return (
+        device_tree.tokens[:n].tolist() == host_tree.tree.tokens.tolist()
+        and device_tree.parents[:n].tolist() == host_tree.tree.parents.tolist()
+        and device_tree.depths[:n].tolist() == host_tree.tree.depths.tolist()
+        and device_tree.scores[:n].tolist() == host_tree.scores
+        and bool(device_tree.valid[:n].all())
+        and not bool(device_tree.valid[n:].any())
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_device_tree_is_the_host_heaps_tree(dtype: torch.dtype) -> None:
+    """Thousands of drafts, half of them full of ties: node for node, score for score, in the heap's order;
+    and the scores of float32 or bfloat16 logits are always summed exactly (see `device_tree`)."""
+    for case in range(2500):
+        logits, budget = random_logits(case, dtype)
+        device_tree = device_best_first_tree(torch.tensor(7), logits, budget)
+        assert bool(device_tree.exact), case
+        assert same_tree(device_tree, best_first_tree(7, logits, budget)), case
+        assert device_tree.size == budget + 1
+
+
+def test_a_float64_tree_differs_from_the_heaps_only_where_it_says_so() -> None:
+    """In float64 a score sum can round, and the heap's sibling arithmetic then decides exact ties its own way;
+    the device tree must say so (`exact` False) whenever it differs, and that must actually happen here."""
+    flagged = 0
+    for case in range(400):
+        rng = random.Random(case)
+        depth, budget = rng.randint(2, 8), rng.choice([8, 32, 64])
+        # a few logit values per position: many equal scores, reached through different roundings
+        logits = torch.randint(0, 4, (depth, 32), generator=torch.Generator().manual_seed(case)).double() * 0.1
+        device_tree = device_best_first_tree(torch.tensor(7), logits, budget)
+        flagged += not bool(device_tree.exact)
+        if bool(device_tree.exact):
+            assert same_tree(device_tree, best_first_tree(7, logits, budget)), case
+    assert flagged > 0
+
+
+def test_the_device_chain_is_dflashs_chain() -> None:
+    logits = torch.randint(-2, 2, (7, 16), generator=torch.Generator().manual_seed(0)).float()
+    device_tree, host_tree = device_chain(torch.tensor(3), logits, 7), chain_tree(3, logits, 7)
+    assert device_tree.tokens.tolist() == host_tree.tree.tokens.tolist()
+    assert device_tree.parents.tolist() == host_tree.tree.parents.tolist()
+
+
+def test_the_device_walk_is_the_host_walk() -> None:
+    """Random trees and target choices that follow a random branch for a while: the same path, padded."""
+    for case in range(300):
+        generator = torch.Generator().manual_seed(case)
+        logits = torch.randn(5, 6, generator=generator)
+        budget = 1 + case % 24
+        host, device = best_first_tree(1, logits, budget), device_best_first_tree(torch.tensor(1), logits, budget)
+        node = int(torch.randint(0, host.tree.size, (1,), generator=generator))
+        targets = torch.randint(0, 6, (budget + 1,), generator=generator)
+        for parent, child in zip(host.tree.path_to(node), host.tree.path_to(node)[1:], strict=False):
+            targets[parent] = host.tree.tokens[child]  # the target agrees along the branch to `node`
+        expected = walk(host, targets[: host.tree.size].tolist())
+        mask = Tree(device.tokens, device.parents, device.depths).ancestor_mask()
+        path, count = device_walk(device, targets, mask, 6)
+        assert int(count) == len(expected), case
+        assert path.tolist() == expected + [expected[-1]] * (6 - len(expected)), case
+
+
+def meta_pair() -> tuple[TargetModel, object]:
+    """A hybrid target (three GDN layers, one attention layer) and its drafter on the `meta` device."""
+    target = TargetModel(build("hybrid", "meta", layers=4))
+    draft_config = model_spec("tiny_hybrid", "float32").draft.config
+    return target, build_draft(dict(draft_config), 0, torch.float32, torch.device("meta"))
+
+
+@pytest.mark.parametrize("method,budget", [("ar", 0), ("dflash", 0), ("ddtree", 32)])
+def test_a_round_reads_nothing_back_and_copies_nothing_to_the_device(method: str, budget: int) -> None:
+    """On `meta` any read of a device value fails, and every operation that takes host data is a copy."""
+    target, draft = meta_pair()
+    rounds = FixedRound(target, method, 256, drafter=None if method == "ar" else draft, budget=budget)
+    rounds.step()  # a first round allocates what it caches (rotary tables)
+    count = count_operations(rounds.step)
+    assert count.scalar_reads == 0
+    assert count.host_copies == 0
+
+
+@pytest.mark.slow
+def test_the_compiled_round_is_one_graph_compiled_once() -> None:
+    """fullgraph=True makes a graph break an error; a second prompt must not compile anything again."""
+    target, draft = tiny("tiny_hybrid", "float32")
+    prompts = [random_prompt(1), random_prompt(2)]
+    capacity = fixed_capacity(max(p.shape[0] for p in prompts), 12, draft.block_size, 4)
+    rounds = FixedRound(target, "ddtree", capacity, drafter=draft, budget=4)
+    rounds.compile()
+    torch._dynamo.reset()
+    outputs = []
+    for index, prompt in enumerate(prompts):
+        if index == 1:
+            graphs = counters["stats"]["unique_graphs"]
+        start = prefill(target, prompt, draft)
+        outputs.append(
+            decode_from(target, start, method="ddtree", max_new_tokens=12, drafter=draft, budget=4, rounds=rounds)
+        )
+        assert outputs[-1].tokens == decode(target, prompt, method="ar", max_new_tokens=12).tokens
+    assert counters["stats"]["unique_graphs"] == graphs
