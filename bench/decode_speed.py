@@ -23,7 +23,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 
 
-def measure(pair: str, budget: int, new_tokens: int, prompts: int, threads: int, compile: bool) -> dict[str, Any]:
+def measure(pair: str, budget: int, new_tokens: int, prompts: int, threads: int) -> dict[str, Any]:
     import torch
 
     from orchestrator.config.prompts import resolve_prompts
@@ -41,8 +41,6 @@ def measure(pair: str, budget: int, new_tokens: int, prompts: int, threads: int,
     ids = [encode(p, tokenizer, target.embed.num_embeddings) for p in resolve_prompts("humaneval")[:prompts]]
     methods = {"ar": 0, "dflash": 0, f"ddtree_tb{budget}": budget}
     started = time.perf_counter()
-    if compile and (problem := target.compile()):
-        raise SystemExit(f"torch.compile failed: {problem}")
     warm = prefill(target, ids[0][:32], drafter)
     for name in methods:
         decode_from(target, warm, method=name.split("_")[0], max_new_tokens=8, drafter=drafter, budget=budget)
@@ -100,7 +98,7 @@ def _one_pass(root: Path, args: list[str]) -> dict[str, Any]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-SIDES = ("before", "after", "compiled")
+SIDES = ("before", "after")
 
 
 def compare_workers(
@@ -110,19 +108,18 @@ def compare_workers(
     budget: int = 32,
     new_tokens: int = 64,
     prompts: int = 4,
-    compiled: bool = False,
 ) -> dict[str, Any]:
-    """This worker against the one at `baseline` (and, with `compiled`, this one with decode.compile), one
-    thread each, one process per pass, the sides taking turns (the order rotates every pass), `repeats`
+    """This worker against the one at `baseline` (decode.compile: `bench.compiled_rounds`), one thread each,
+    one process per pass, the sides taking turns (the order rotates every pass), `repeats`
     passes: medians and ranges of tokens/s and ms per round, and of each per-pass ratio to `before`."""
     args = ["--pair", pair, "--budget", str(budget), "--new-tokens", str(new_tokens), "--prompts", str(prompts)]
-    sides = SIDES if compiled else SIDES[:2]
+    sides = SIDES
     with tempfile.TemporaryDirectory() as folder:
-        roots = {"before": _worker_of(baseline, Path(folder)), "after": REPO, "compiled": REPO}
+        roots = {"before": _worker_of(baseline, Path(folder)), "after": REPO}
         passes: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
         for index in range(repeats):
             for side in sides[index % len(sides) :] + sides[: index % len(sides)]:
-                passes[side].append(_one_pass(roots[side], [*args, *(["--compile"] if side == "compiled" else [])]))
+                passes[side].append(_one_pass(roots[side], args))
     rows = []
     for method in passes["after"][0]:
         row: dict[str, Any] = {"method": method}
@@ -157,9 +154,8 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--compile", action="store_true", help="decode.compile: the layers through torch.compile")
     args = parser.parse_args()
-    print(json.dumps(measure(args.pair, args.budget, args.new_tokens, args.prompts, args.threads, args.compile)))
+    print(json.dumps(measure(args.pair, args.budget, args.new_tokens, args.prompts, args.threads)))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -110,28 +112,52 @@ def _op_count_table(rows: list[dict]) -> list[str]:
 
 
 def _speed_table(speed: dict) -> list[str]:
-    compiled = "tokens_per_s_compiled" in speed["rows"][0]
     lines = [
-        "| method | tau | tokens/s before → after (range) | after / before (range) | ms per round before → after "
-        + ("| tokens/s with decode.compile (range) | compiled / before | lossless compiled |" if compiled else "|"),
-        "|---|---|---|---|---|" + ("---|---|---|" if compiled else ""),
+        "| method | tau | tokens/s before → after (range) | after / before (range) | ms per round before → after |",
+        "|---|---|---|---|---|",
     ]
     for row in speed["rows"]:
-        line = (
+        lines.append(
             f"| {row['method']} | {row['tau_after']:.2f} "
             f"| {row['tokens_per_s_before']:.0f} → {row['tokens_per_s_after']:.0f} "
             f"({row['tokens_per_s_after_range'][0]:.0f}–{row['tokens_per_s_after_range'][1]:.0f}) "
             f"| {row['speedup_after']:.2f} ({row['speedup_after_range'][0]:.2f}–{row['speedup_after_range'][1]:.2f}) "
             f"| {row['ms_per_round_before']:.2f} → {row['ms_per_round_after']:.2f} |"
         )
-        if compiled:
-            line += (
-                f" {row['tokens_per_s_compiled']:.0f} ({row['tokens_per_s_compiled_range'][0]:.0f}–"
-                f"{row['tokens_per_s_compiled_range'][1]:.0f}) | {row['speedup_compiled']:.2f} "
-                f"| {row['lossless_compiled']:.2f} |"
-            )
-        lines.append(line)
     return lines
+
+
+def _compiled_table(runs: list[dict]) -> list[str]:
+    lines = [
+        "| threads | method | tokens/s reference · fixed eager · compiled (range) | compiled / fixed eager "
+        "| compiled / reference | compile s | graph breaks | recompiles | round: device reads, host copies "
+        "| lossless (ref · eager · compiled) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        for row in run["rows"]:
+            low, high = row["tokens_per_s_compiled_range"]
+            lossless = " · ".join(f"{row['lossless'][side]:.2f}" for side in ("reference", "fixed_eager", "compiled"))
+            lines.append(
+                f"| {run['threads']} | {row['method']} | {row['tokens_per_s_reference']:.0f} · "
+                f"{row['tokens_per_s_fixed_eager']:.0f} · {row['tokens_per_s_compiled']:.0f} ({low:.0f}–{high:.0f}) "
+                f"| {row['compiled_over_eager']:.2f} | {row['compiled_over_reference']:.2f} | {row['compile_s']:.0f} "
+                f"| {row['graph_breaks']} | {run['recompiles']} | {row['round_device_reads']}, "
+                f"{row['round_host_copies']} | {lossless} |"
+            )
+    return lines
+
+
+def _compiled_runs(threads: tuple[int, ...] = (1, 2)) -> list[dict]:
+    """`bench.compiled_rounds`, one process per thread count (a fresh compiler each)."""
+    runs = []
+    for count in threads:
+        out = subprocess.run(
+            [sys.executable, "-m", "bench.compiled_rounds", "--threads", str(count)],
+            check=True, capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent,
+        )  # fmt: skip
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    return runs
 
 
 def _orchestrator_rows(results: dict) -> list[str]:
@@ -196,6 +222,11 @@ def markdown(results: dict) -> str:
         "",
         *_speed_table(results["speed"]),
         "",
+        "decode.compile: compiled fixed-shape rounds against the same rounds eager and the reference rounds, "
+        "tiny_trained, DDTree budget 32, side by side in one process per thread count (`bench.compiled_rounds`):",
+        "",
+        *_compiled_table(results["compiled"]),
+        "",
         "The worker's costs on tiny_hybrid, and the orchestrator against an sshd and an `mlflow server` on 127.0.0.1:",
         "",
         "| figure | value | aim |",
@@ -211,11 +242,6 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--decode-repeats", type=int, default=3)
     parser.add_argument("--baseline", default=BASELINE, help="the commit whose worker the speed table compares with")
-    parser.add_argument(
-        "--compiled",
-        action="store_true",
-        help="also measure decode.compile (torch.compile takes minutes per pass on a small CPU)",
-    )
     args = parser.parse_args()
     torch.set_grad_enabled(False)
     results = {
@@ -225,7 +251,8 @@ def main() -> None:
         "bf16": [decode_figures(name, 1, dtype="bfloat16", budgets=(16, 64)) for name in PAIRS],
         "prompt_length": prompt_length_check("tiny_trained", args.decode_repeats),
         "op_counts": op_count_figures(),
-        "speed": compare_workers(args.baseline, args.decode_repeats, compiled=args.compiled),
+        "speed": compare_workers(args.baseline, args.decode_repeats),
+        "compiled": _compiled_runs(),
         "worker": worker_figures(args.repeats),
         "orchestrator": orchestrator_figures(args.repeats),
     }

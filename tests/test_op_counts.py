@@ -46,13 +46,14 @@ def test_a_layer_costs_the_same_operations_for_any_tree() -> None:
     assert deep[0] - shallow[0] == deep[1] - shallow[1]
 
 
-def test_a_compiler_that_fails_leaves_the_layers_eager_and_says_why(monkeypatch) -> None:
-    """decode.compile on a host whose torch cannot compile: the run goes on eagerly, with the reason."""
-    from remote_worker.cache.tree import Tree
-    from tests.tiny_models import tiny
+def test_a_compiler_that_fails_leaves_the_rounds_eager_and_says_why(monkeypatch) -> None:
+    """decode.compile on a host whose torch cannot compile: the run goes on with the reference rounds, and
+    the reason names the method whose round failed."""
+    from remote_worker.decoding.comparison import methods_for
+    from remote_worker.decoding.compiled import compile_rounds
+    from tests.tiny_models import random_prompt, tiny
 
-    target, _ = tiny("tiny_hybrid")
-    eager = target.verify(target.new_cache(), Tree.chain(torch.tensor([1, 2, 3]))).logits
+    target, draft = tiny("tiny_hybrid")
 
     def broken(function, **options):
         def run(*args, **kwargs):
@@ -61,8 +62,5 @@ def test_a_compiler_that_fails_leaves_the_layers_eager_and_says_why(monkeypatch)
         return run
 
     monkeypatch.setattr(torch, "compile", broken)
-    fresh = TargetModel(target.model)
-    assert fresh.compile() == "RuntimeError: no C++ compiler on this host"
-    assert not fresh.compiled
-    again = fresh.verify(fresh.new_cache(), Tree.chain(torch.tensor([1, 2, 3]))).logits
-    torch.testing.assert_close(again, eager, rtol=0, atol=0)
+    outcome = compile_rounds(target, draft, methods_for([4]), random_prompt(0), 256, 8)
+    assert outcome == "ar: RuntimeError: no C++ compiler on this host"

@@ -59,7 +59,7 @@ def test_valid_choices_and_plain_keys_pass() -> None:
         ("experiment.name=nope", "experiment.name='nope' is not one of: ddtree_gdn, probe"),
         ("decode.tree_budgets=[16,0]", "decode.tree_budgets=[16, 0] must be a non-empty list of positive integers"),
         ("decode.block_size=1", "decode.block_size=1 must be an integer >= 2"),
-        ("decode.compile=maybe", "decode.compile='maybe' must be true or false"),
+        ("decode.compile=maybe", "decode.compile='maybe' must be true, false or auto"),
         ("attach=xyz", "attach='xyz' must name a run: its MLflow run id, a unique prefix of it (hexadecimal), or last"),
     ],
 )

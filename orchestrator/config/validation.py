@@ -246,8 +246,8 @@ def resolve_config(cfg: DictConfig) -> dict[str, Any]:
         _number(container, "decode.block_size", minimum=2, integer=True)
     if _number(container, "decode.repeats", minimum=1, integer=True) > 1000:
         raise ConfigError("decode.repeats must be at most 1000")
-    if not isinstance(_get(container, "decode.compile"), bool):
-        raise ConfigError(f"decode.compile={_get(container, 'decode.compile')!r} must be true or false")
+    if not isinstance(_get(container, "decode.compile"), bool) and _get(container, "decode.compile") != "auto":
+        raise ConfigError(f"decode.compile={_get(container, 'decode.compile')!r} must be true, false or auto")
     _check_prompts(container["experiment"])
     if _number(container, "orchestrator.poll_interval_s", minimum=0) == 0:
         raise ConfigError("orchestrator.poll_interval_s must be > 0")

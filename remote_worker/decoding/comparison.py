@@ -20,7 +20,8 @@ from typing import Any
 import torch
 
 from remote_worker.decoding.divergence import Divergence, first_divergence
-from remote_worker.decoding.loop import STAGES, DecodeResult, decode_from, prefill
+from remote_worker.decoding.fixed_round import FixedRound
+from remote_worker.decoding.loop import DecodeResult, decode_from, prefill
 from remote_worker.models.target import TargetModel
 
 
@@ -75,8 +76,10 @@ def run_prompt(
     settings: Settings,
     index: int,
     before_decode: Callable[[Method, int], None] | None = None,
+    rounds: dict[str, FixedRound] | None = None,
 ) -> PromptRun:
-    """Prefill `tokens` once, then decode them with every method, repeats interleaved."""
+    """Prefill `tokens` once, then decode them with every method, repeats interleaved; a method with a
+    fixed-shape round in `rounds` (by scope) decodes with it."""
     if methods[0].name != "ar":
         raise ValueError("AR must decode first: it is the reference of every other method")
     drafting = any(m.drafts for m in methods)
@@ -97,6 +100,7 @@ def run_prompt(
                 stop_tokens=settings.stop_tokens,
                 generator=torch.Generator(target.device).manual_seed(prompt_seed(settings.seed, index)),
                 record_margins=method.name == "ar" and settings.temperature == 0,
+                rounds=(rounds or {}).get(method.scope),
             )
             results[method.scope].append(result)
     return PromptRun(index, tokens.tolist(), start.target_seconds, start.draft_seconds, results)
@@ -141,7 +145,8 @@ class MethodTally:
     repeat_tokens: list[int] = field(default_factory=list)  # per repeat, summed over prompts
     repeat_seconds: list[float] = field(default_factory=list)
     acceptance_lengths: list[int] = field(default_factory=list)
-    stage_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+    # Per stage, over the rounds that timed their stages (fixed-shape rounds do not: a sync per stage)
+    stage_seconds: dict[str, float] = field(default_factory=dict)
     timed_rounds: int = 0  # rounds over every repeat, for the per-round stage times
     prefill_seconds: list[float] = field(default_factory=list)  # per prompt
     ttft_seconds: list[float] = field(default_factory=list)  # per prompt and repeat: prefill + first round
@@ -162,9 +167,10 @@ class MethodTally:
             self.repeat_tokens[repeat] += len(result.tokens)
             self.repeat_seconds[repeat] += result.decode_seconds
             self.ttft_seconds.append(prefill_seconds + result.first_token_seconds)
-            self.timed_rounds += result.rounds
+            if result.stage_seconds:
+                self.timed_rounds += result.rounds
             for stage, seconds in result.stage_seconds.items():
-                self.stage_seconds[stage] += seconds
+                self.stage_seconds[stage] = self.stage_seconds.get(stage, 0.0) + seconds
         first = results[0]
         self.acceptance_lengths += first.acceptance_lengths
         flags = repetition_flags(run.tokens, first.tokens, first.acceptance_lengths)

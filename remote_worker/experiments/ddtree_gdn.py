@@ -21,7 +21,9 @@ import torch
 
 from remote_worker import stop_signal
 from remote_worker.decoding.comparison import Comparison, Method, PromptRun, Settings, methods_for, run_prompt
+from remote_worker.decoding.compiled import CompiledRounds, compile_rounds, wanted
 from remote_worker.decoding.divergence import Divergence
+from remote_worker.decoding.loop import fixed_capacity
 from remote_worker.events import EventLog
 from remote_worker.models.layout import layout_params
 from remote_worker.models.loading import (
@@ -92,13 +94,6 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
         LOG.warning("%s", uncovered)
     if spec.decode.get("block_size"):
         drafter.block_size = int(spec.decode["block_size"])
-    if spec.decode.get("compile"):
-        started = time.perf_counter()
-        problem = target.compile()
-        if problem:
-            LOG.warning("decode.compile: torch.compile failed on this host, decoding eagerly (%s)", problem)
-        else:
-            LOG.info("compiled the target's layers (torch.compile) in %.1f s", time.perf_counter() - started)
     tokenizer = load_tokenizer(spec.model)
     settings = Settings(
         max_new_tokens=int(spec.decode.get("max_new_tokens", 64)),
@@ -115,9 +110,10 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     methods = methods_for([int(b) for b in spec.decode.get("tree_budgets", [16, 32, 64])])
     passes = f" × {settings.repeats} repeats" if settings.repeats > 1 else ""
     log.progress("setup", 2, 2, f"{len(prompts)} prompts × {len(methods)} methods{passes}")
+    compiled = _compiled_rounds(spec, log, target, drafter, methods, encoded, settings)
     context = _job_context(spec, target, prompts)
     for method in methods:
-        params = {**context, **_method_params(method, drafter.block_size, settings, len(prompts), target.compiled)}
+        params = {**context, **_method_params(method, drafter.block_size, settings, len(prompts), compiled is not None)}
         log.emit("params", params, scope=method.scope)
     comparison = Comparison(methods, settings.temperature, target.dtype)
     rounds_so_far = {m.scope: 0 for m in methods}
@@ -133,7 +129,8 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
                 message += (f" · tau {tau:.2f}" if tau else "") + (f" · {speed:.0f} tok/s" if speed else "")
                 log.progress("decode", done, total, message)
 
-            run = run_prompt(target, drafter, ids, methods, settings, index, announce)
+            rounds = compiled.rounds if compiled is not None else None
+            run = run_prompt(target, drafter, ids, methods, settings, index, announce, rounds)
             divergences = comparison.add(run)
             for method in methods:
                 _emit_rounds(log, method.scope, run.first(method.scope).acceptance_lengths, rounds_so_far)
@@ -142,6 +139,15 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
             generations.flush()
     log.progress("decode", total, total, "done")
     summary = comparison.metrics()
+    if compiled is not None:
+        for scope, seconds in compiled.compile_seconds.items():
+            summary[scope]["compile_s"] = seconds
+        recompiles = compiled.recompiles()
+        log.emit(
+            "metrics", {"compile_s": sum(compiled.compile_seconds.values()), "recompiles": float(recompiles)}, step=0
+        )
+        if recompiles:
+            LOG.warning("decode.compile: %d graphs were compiled again after the warm-up (a shape changed)", recompiles)
     for scope, metrics in summary.items():
         log.emit("metrics", metrics, scope=scope, step=0)
     headline, best = headline_metrics(summary)
@@ -155,8 +161,38 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     return _terminal_summary(summary)
 
 
+def _compiled_rounds(
+    spec: Spec,
+    log: EventLog,
+    target: TargetModel,
+    drafter: Any,
+    methods: list[Method],
+    encoded: list[torch.Tensor],
+    settings: Settings,
+) -> CompiledRounds | None:
+    """`decode.compile` (true, false, auto: on with CUDA): every method's fixed-shape round compiled and warmed
+    up now, before any clock; None when off, or when this host's torch could not (the run says why)."""
+    setting = spec.decode.get("compile", "auto")
+    if not wanted(setting, target.device, settings.temperature):
+        return None
+    if settings.temperature != 0:
+        LOG.warning("decode.compile: compiled rounds decode at temperature 0 only; decoding eagerly")
+        return None
+    budget = max((m.budget for m in methods), default=0)
+    capacity = fixed_capacity(max(len(ids) for ids in encoded), settings.max_new_tokens, drafter.block_size, budget)
+    log.progress("setup", 2, 3, f"compiling {len(methods)} rounds (decode.compile={setting})")
+    started = time.perf_counter()
+    outcome = compile_rounds(target, drafter, methods, encoded[0], capacity, settings.max_new_tokens)
+    if isinstance(outcome, str):
+        LOG.warning("decode.compile: torch.compile failed on this host, decoding eagerly (%s)", outcome)
+        return None
+    LOG.info("compiled %d rounds in %.1f s (cache capacity %d)", len(methods), time.perf_counter() - started, capacity)
+    return outcome
+
+
 # What the job's own run shows per method (`ar.tokens_per_s`, `dflash.tau`, …), from each child's figures.
-HEADLINE = ("tau", "tokens_per_s", "speedup_vs_ar", "tpot_ms", "prefill_ms", "ttft_ms", "acceptance_length_mean")
+HEADLINE = ("tau", "tokens_per_s", "speedup_vs_ar", "tpot_ms", "prefill_ms", "ttft_ms", "acceptance_length_mean",
+            "compile_s")  # fmt: skip
 HEADLINE_AT_T0 = ("lossless", "near_tie_divergences", "unexplained_divergences")
 
 

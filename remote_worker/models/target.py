@@ -72,7 +72,6 @@ class TargetModel:
             slots[kind] += 1
             self.mixers.append(mixer)
         self.head_dim = next((m.head_dim for m in self.mixers if isinstance(m, AttentionMixer)), None)
-        self.compiled = False  # decode.compile: the layers run through torch.compile (see `compile`)
         self.rope = RotaryTables(self.rotary, self.head_dim) if self.head_dim is not None else None
         self.norms = [
             (FastRMSNorm(layer.input_layernorm), FastRMSNorm(layer.post_attention_layernorm)) for layer in self.layers
@@ -144,23 +143,6 @@ class TargetModel:
             h = h + mlp(post_norm(h))
             states.append(h)
         return states
-
-    def compile(self) -> str | None:
-        """Run the layers through `torch.compile` (`decode.compile`; dynamic shapes, since tree sizes and
-        lengths change every round), compiling now on a scratch cache. Returns None, or why the host's torch
-        could not compile them; the layers then stay eager. `make bench` measures whether it pays."""
-        eager = self._layers
-        self._layers = torch.compile(eager, dynamic=True)  # type: ignore[method-assign]
-        try:
-            scratch = self.new_cache()
-            for size in (3, 2):  # a first shape, then the one that makes the sizes symbolic
-                self.forward(scratch, Tree.chain(torch.zeros(size, dtype=torch.long)), (), logits=False)
-                scratch.commit(list(range(size)))
-        except Exception as error:  # noqa: BLE001 - any failure of the compiler means: stay eager
-            self._layers = eager  # type: ignore[method-assign]
-            return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
-        self.compiled = True
-        return None
 
     def prefill(
         self, cache: HybridCache, tokens: torch.Tensor, hidden_layers: tuple[int, ...] = (), chunk: int | None = None

@@ -1,0 +1,131 @@
+"""Compiled fixed-shape rounds against eager ones on a trained tiny pair, side by side in one run.
+
+For each method (AR, DFlash, DDTree at one budget) three rounds decode the same prompts in turn: the
+reference round (`loop.decode_from`, host heap and walk), the fixed-shape round run eagerly, and the same
+round through `torch.compile` (`decode.compile`). Reported per method: tokens/s of each (median over the
+prompts' passes, with the range), compiled over eager, whether each emitted AR's tokens, the compile time
+(its warm-up), graphs compiled after the warm-up (recompiles), graph breaks (`torch._dynamo.explain` of one
+round), and what one round moves between host and device (counted on `meta`: compiled or not, the round
+itself reads nothing back and copies nothing over; the loop reads the packed tokens once).
+
+    python -m bench.compiled_rounds --threads 1 --prompts 6 --new-tokens 64 --budget 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from typing import Any
+
+
+def measure(pair: str, budget: int, new_tokens: int, prompts: int, threads: int) -> dict[str, Any]:
+    import torch
+
+    from orchestrator.config.prompts import resolve_prompts
+    from remote_worker.decoding.comparison import methods_for
+    from remote_worker.decoding.compiled import compile_rounds
+    from remote_worker.decoding.fixed_round import FixedRound
+    from remote_worker.decoding.loop import decode_from, fixed_capacity, prefill
+    from remote_worker.models.loading import load_drafter, load_model, load_tokenizer
+    from remote_worker.models.target import TargetModel
+    from remote_worker.op_count import count_operations
+    from remote_worker.prompts import encode
+    from tests.test_fixed_round import meta_pair
+
+    torch.set_num_threads(threads)
+    torch.set_grad_enabled(False)
+    from tests.tiny_models import model_spec
+
+    spec = model_spec(pair, "float32")
+    model = load_model(spec, seed=0)
+    target, drafter, tokenizer = TargetModel(model), load_drafter(spec, seed=0, target=model), load_tokenizer(spec)
+    ids = [encode(p, tokenizer, target.embed.num_embeddings) for p in resolve_prompts("humaneval")[:prompts]]
+    methods = methods_for([budget])
+    capacity = fixed_capacity(max(len(i) for i in ids), new_tokens, drafter.block_size, budget)
+    started = time.perf_counter()
+    compiled = compile_rounds(target, drafter, methods, ids[0], capacity, new_tokens)
+    if isinstance(compiled, str):
+        raise SystemExit(f"torch.compile failed: {compiled}")
+    compile_total = time.perf_counter() - started
+    eager = {
+        m.scope: FixedRound(target, m.name, capacity, drafter=drafter if m.drafts else None, budget=m.budget)
+        for m in methods
+    }
+    sides = {"reference": None, "fixed_eager": eager, "compiled": compiled.rounds}
+    rates: dict[str, dict[str, list[float]]] = {m.scope: {side: [] for side in sides} for m in methods}
+    same: dict[str, dict[str, int]] = {m.scope: dict.fromkeys(sides, 0) for m in methods}
+    rounds_seen: dict[str, int] = {m.scope: 0 for m in methods}
+    for prompt in ids:
+        start = prefill(target, prompt, drafter)
+        reference = None
+        for method in methods:
+            for side, pool in sides.items():
+                result = decode_from(
+                    target, start, method=method.name, max_new_tokens=new_tokens,
+                    drafter=drafter if method.drafts else None, budget=method.budget,
+                    rounds=None if pool is None else pool[method.scope],
+                )  # fmt: skip
+                reference = reference or result.tokens
+                rates[method.scope][side].append(len(result.tokens) / result.decode_seconds)
+                same[method.scope][side] += result.tokens == reference
+                rounds_seen[method.scope] += result.rounds if side == "compiled" else 0
+    recompiles = compiled.recompiles()  # before `explain` below compiles graphs of its own
+    meta_target, meta_draft = meta_pair()
+    rows = []
+    for method in methods:
+        r = rates[method.scope]
+        round_ = FixedRound(meta_target, method.name, 256, drafter=meta_draft if method.drafts else None,
+                            budget=method.budget)  # fmt: skip
+        round_.step()
+        moved = count_operations(round_.step)
+        fresh = FixedRound(
+            target, method.name, capacity, drafter=drafter if method.drafts else None, budget=method.budget
+        )
+        explained = torch._dynamo.explain(fresh.step)()
+        rows.append(
+            {
+                "method": method.scope,
+                **{f"tokens_per_s_{side}": statistics.median(v) for side, v in r.items()},
+                **{f"tokens_per_s_{side}_range": [min(v), max(v)] for side, v in r.items()},
+                "compiled_over_eager": statistics.median(
+                    c / e for c, e in zip(r["compiled"], r["fixed_eager"], strict=True)
+                ),
+                "compiled_over_reference": statistics.median(
+                    c / e for c, e in zip(r["compiled"], r["reference"], strict=True)
+                ),
+                "lossless": {side: same[method.scope][side] / len(ids) for side in sides},
+                "compile_s": compiled.compile_seconds[method.scope],
+                "graph_breaks": explained.graph_break_count,
+                "round_device_reads": moved.scalar_reads,
+                "round_host_copies": moved.host_copies,
+                "loop_device_to_host_per_round": 1,
+            }
+        )
+    return {
+        "pair": pair,
+        "threads": threads,
+        "prompts": len(ids),
+        "new_tokens": new_tokens,
+        "budget": budget,
+        "capacity": capacity,
+        "compile_s_total": compile_total,
+        "recompiles": recompiles,
+        "rows": rows,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pair", default="tiny_trained")
+    parser.add_argument("--budget", type=int, default=32)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--prompts", type=int, default=6)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    print(json.dumps(measure(args.pair, args.budget, args.new_tokens, args.prompts, args.threads)))
+
+
+if __name__ == "__main__":
+    main()
