@@ -21,7 +21,10 @@ NEW_TOKENS = 24
 def test_speculative_decoding_is_lossless(name: str, dtype: str) -> None:
     target, draft = tiny(name, dtype)
     accepted_deep = sum(
-        assert_lossless(target, random_prompt(seed), draft, BUDGETS, NEW_TOKENS, seed, 512, draft.block_size, 16)
+        # the fixed-shape rounds on every other seed: they double the decoding, and ten seeds cover them
+        assert_lossless(
+            target, random_prompt(seed), draft, BUDGETS, NEW_TOKENS, seed, 512, draft.block_size, 16, seed % 2 == 0
+        )
         for seed in SEEDS
     )
     # The teacher makes the loops commit multi-token paths through every layer type; make sure they did.

@@ -139,3 +139,51 @@ def test_the_compiled_round_is_one_graph_compiled_once() -> None:
         )
         assert outputs[-1].tokens == decode(target, prompt, method="ar", max_new_tokens=12).tokens
     assert counters["stats"]["unique_graphs"] == graphs
+
+
+def test_decode_compile_runs_every_method_on_its_fixed_round_and_reports_the_cost(tmp_path, monkeypatch) -> None:
+    """The experiment with decode.compile=true: every method decodes with its (warmed-up) fixed-shape round,
+    and the job reports compile_s and recompiles. The compiler itself is replaced by the eager round here
+    (compiling five rounds takes minutes on a CPU; `test_the_compiled_round_is_one_graph_compiled_once` and
+    `make bench` compile for real)."""
+    from omegaconf import OmegaConf
+
+    from orchestrator import CONF_DIR
+    from orchestrator.stream.events import split_events
+    from remote_worker.events import EventLog
+    from remote_worker.experiments.ddtree_gdn import run_ddtree_gdn
+    from remote_worker.spec import parse_spec
+
+    used: list[str] = []
+
+    def eager(self: FixedRound, mode: str | None = None) -> None:
+        used.append(self.method)
+
+        def counted():
+            used.append(f"step {self.method}")
+            return self.step()
+
+        self.run = counted
+
+    monkeypatch.setattr(FixedRound, "compile", eager)
+    model = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / "tiny_hybrid.yaml"))
+    raw = {
+        "run_id": "t",
+        "run_dir": str(tmp_path),
+        "seed": 0,
+        "experiment": {"name": "ddtree_gdn", "num_prompts": 2},
+        "model": {**model, "device": "cpu"},
+        "decode": {"max_new_tokens": 12, "tree_budgets": [4], "compile": True},
+    }
+    run_ddtree_gdn(parse_spec(raw, tmp_path), EventLog(tmp_path))
+    assert [u for u in used if not u.startswith("step")] == ["ar", "dflash", "ddtree"]
+    log = split_events((tmp_path / "events.jsonl").read_bytes())[0]
+    job = {k: v for e in log if e.kind == "metrics" and e.scope is None for k, v in e.data.items()}
+    assert job["recompiles"] == 0 and job["compile_s"] > 0
+    for scope in ("ar", "dflash", "ddtree_tb4"):
+        metrics = next(e.data for e in log if e.kind == "metrics" and e.scope == scope and "tau" in e.data)
+        params = next(e.data for e in log if e.kind == "params" and e.scope == scope)
+        assert metrics["compile_s"] > 0 and metrics["lossless"] == 1.0 and params["compiled"] is True
+        assert not any(key.endswith("_ms_per_round") for key in metrics)  # no stage timed apart: no such figure
+        # warm-up: two decodes; then 2 prompts; every round of every one went through the compiled entry
+        assert used.count(f"step {scope.split('_')[0]}") >= 4

@@ -20,7 +20,8 @@ W children of each node of F_{d-1}. By induction T's depth-d nodes T_d lie in F_
 T_{d-1} ⊆ F_{d-1}, and they are the first |T_d| ≤ budget of all depth-d nodes in the order (T is a prefix of
 the order), so also of the candidates of F_d, which contain them. Hence T is the first `budget` nodes of
 F_1 ∪ … ∪ F_D, and the order of those is the heap's pop order. That is what this module computes: per
-depth one stable sort of [budget × W] scores, then one sort of the D × budget survivors.
+depth the first `budget` of [budget × W] candidates in that order (two partial selections), then one sort
+of the D × budget survivors.
 
 The scores and floating point
 -----------------------------
@@ -95,6 +96,20 @@ def _lex_words(ranks: torch.Tensor, budget: int) -> list[torch.Tensor]:
     return words
 
 
+def _first_in_order(score: torch.Tensor, budget: int) -> torch.Tensor:
+    """Indices of the first `budget` entries of `score` [N ≥ budget] by (score descending, index ascending),
+    in index order. Two partial selections instead of a sort of all N: the `budget`-th best score is the
+    threshold; every entry above it is in, and so are the lowest-indexed entries equal to it, as many as
+    there is room for (exactly `budget` in all, since at least `budget` entries reach the threshold)."""
+    threshold = torch.topk(score, budget).values[-1]
+    above, tied = score > threshold, score == threshold
+    room = budget - above.sum()
+    taken = above | (tied & (tied.cumsum(0) <= room))
+    # the taken entries, earliest first: a key that falls with the index, 0 for the rest
+    index = torch.arange(score.shape[0], device=score.device)
+    return torch.topk(torch.where(taken, score.shape[0] - index, 0), budget).indices
+
+
 def device_best_first_tree(root: torch.Tensor, logits: torch.Tensor, budget: int) -> DeviceTree:
     """DDTree's best-first tree of `budget` nodes below `root` (a device scalar), in the heap's pop order.
 
@@ -119,9 +134,7 @@ def device_best_first_tree(root: torch.Tensor, logits: torch.Tensor, budget: int
         valid = parent_valid[:, None].expand(budget, width)
         exact = exact & (exact_here | ~valid).all()
         score = torch.where(valid, score, float("-inf")).reshape(-1)
-        # The first `budget` by (score, rank path): a stable sort keeps the lexicographic order of equal scores.
-        best = torch.sort(score, descending=True, stable=True).indices[:budget]
-        chosen = torch.sort(best).values  # back to lexicographic order
+        chosen = _first_in_order(score, budget)
         parent_slot, rank = chosen // width, chosen % width
         ranks = parent_ranks[parent_slot].clone()
         ranks[:, depth] = slots  # a node's place among its depth's survivors orders it against its cousins
