@@ -45,7 +45,7 @@ def measure(pair: str, budget: int, new_tokens: int, prompts: int, threads: int)
     methods = methods_for([budget])
     capacity = fixed_capacity(max(len(i) for i in ids), new_tokens, drafter.block_size, budget)
     started = time.perf_counter()
-    compiled = compile_rounds(target, drafter, methods, ids[0], capacity, new_tokens)
+    compiled = compile_rounds(target, drafter, methods, ids[0], max(len(i) for i in ids), new_tokens)
     if isinstance(compiled, str):
         raise SystemExit(f"torch.compile failed: {compiled}")
     compile_total = time.perf_counter() - started

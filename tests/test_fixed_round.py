@@ -14,6 +14,7 @@ from torch._dynamo.utils import counters
 from bench.op_counts import build
 from remote_worker.cache.tree import Tree
 from remote_worker.decoding.device_tree import device_best_first_tree, device_chain
+from remote_worker.decoding.fixed_prefill import FixedPrefill
 from remote_worker.decoding.fixed_round import FixedRound, device_walk
 from remote_worker.decoding.loop import decode, decode_from, fixed_capacity, prefill, walk
 from remote_worker.decoding.tree_build import best_first_tree, chain_tree
@@ -120,25 +121,56 @@ def test_a_round_reads_nothing_back_and_copies_nothing_to_the_device(method: str
     assert count.host_copies == 0
 
 
+def test_a_prefill_chunk_reads_nothing_back_and_copies_nothing_to_the_device() -> None:
+    target, draft = meta_pair()
+    prefiller = FixedPrefill(target, 512, 64, draft.feature_layers)
+    prefiller.step()
+    count = count_operations(prefiller.step)
+    assert count.scalar_reads == 0 and count.host_copies == 0
+
+
+@pytest.mark.parametrize("name", ["tiny_hybrid", "tiny_qwen3_next"])
+def test_a_prefill_in_padded_chunks_commits_what_the_reference_prefill_commits(name: str) -> None:
+    """float64, chunks of 5 against the reference's 64: the committed state agrees to float64 rounding (the
+    sums run in another order), the lengths exactly, and the decode from it emits AR's tokens."""
+    target, draft = tiny(name, "float64")
+    prefiller = FixedPrefill(target, 512, 5, draft.feature_layers)
+    for seed in (2, 9, 14):  # prompt lengths 6, 13 and 5: a padded last chunk, and one that fills it exactly
+        prompt = random_prompt(seed)
+        reference, fixed = prefill(target, prompt, draft), prefill(target, prompt, draft, prefiller)
+        length = reference.cache.length
+        assert fixed.cache.length == length and fixed.draft_context.length == reference.draft_context.length
+        for ours, theirs in (
+            (fixed.cache.kv[..., :length, :], reference.cache.kv[..., :length, :]),
+            (fixed.cache.recurrent, reference.cache.recurrent),
+            (fixed.cache.conv, reference.cache.conv),
+            (fixed.draft_context.buffer[..., :length, :], reference.draft_context.buffer[..., :length, :]),
+        ):
+            torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+        rounds = FixedRound(target, "ddtree", 512, drafter=draft, budget=8)
+        result = decode_from(target, fixed, method="ddtree", max_new_tokens=16, drafter=draft, budget=8, rounds=rounds)
+        assert result.tokens == decode(target, prompt, method="ar", max_new_tokens=16).tokens
+
+
 @pytest.mark.slow
 def test_the_compiled_round_is_one_graph_compiled_once() -> None:
-    """fullgraph=True makes a graph break an error; a second prompt must not compile anything again."""
+    """fullgraph=True makes a graph break an error; the prefill (chunks of 4: prompts of 5 and 6 tokens end
+    in a padded chunk) and the round compile once each, and a second prompt compiles nothing again."""
     target, draft = tiny("tiny_hybrid", "float32")
     prompts = [random_prompt(1), random_prompt(2)]
     capacity = fixed_capacity(max(p.shape[0] for p in prompts), 12, draft.block_size, 4)
     rounds = FixedRound(target, "ddtree", capacity, drafter=draft, budget=4)
+    prefiller = FixedPrefill(target, 256, 4, draft.feature_layers)
     rounds.compile()
+    prefiller.compile()
     torch._dynamo.reset()
-    outputs = []
-    for index, prompt in enumerate(prompts):
-        if index == 1:
-            graphs = counters["stats"]["unique_graphs"]
-        start = prefill(target, prompt, draft)
-        outputs.append(
-            decode_from(target, start, method="ddtree", max_new_tokens=12, drafter=draft, budget=4, rounds=rounds)
-        )
-        assert outputs[-1].tokens == decode(target, prompt, method="ar", max_new_tokens=12).tokens
-    assert counters["stats"]["unique_graphs"] == graphs
+    graphs = []
+    for prompt in prompts:
+        start = prefill(target, prompt, draft, prefiller)
+        result = decode_from(target, start, method="ddtree", max_new_tokens=12, drafter=draft, budget=4, rounds=rounds)
+        assert result.tokens == decode(target, prompt, method="ar", max_new_tokens=12).tokens
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs == [2, 2]
 
 
 def test_decode_compile_runs_every_method_on_its_fixed_round_and_reports_the_cost(tmp_path, monkeypatch) -> None:
@@ -165,7 +197,11 @@ def test_decode_compile_runs_every_method_on_its_fixed_round_and_reports_the_cos
 
         self.run = counted
 
+    def eager_prefill(self: FixedPrefill, mode: str | None = None) -> None:
+        used.append("prefill")
+
     monkeypatch.setattr(FixedRound, "compile", eager)
+    monkeypatch.setattr(FixedPrefill, "compile", eager_prefill)
     model = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / "tiny_hybrid.yaml"))
     raw = {
         "run_id": "t",
@@ -176,10 +212,10 @@ def test_decode_compile_runs_every_method_on_its_fixed_round_and_reports_the_cos
         "decode": {"max_new_tokens": 12, "tree_budgets": [4], "compile": True},
     }
     run_ddtree_gdn(parse_spec(raw, tmp_path), EventLog(tmp_path))
-    assert [u for u in used if not u.startswith("step")] == ["ar", "dflash", "ddtree"]
+    assert [u for u in used if not u.startswith("step")] == ["prefill", "ar", "dflash", "ddtree"]
     log = split_events((tmp_path / "events.jsonl").read_bytes())[0]
     job = {k: v for e in log if e.kind == "metrics" and e.scope is None for k, v in e.data.items()}
-    assert job["recompiles"] == 0 and job["compile_s"] > 0
+    assert job["recompiles"] == 0 and job["compile_s"] > job["prefill.compile_s"] > 0
     for scope in ("ar", "dflash", "ddtree_tb4"):
         metrics = next(e.data for e in log if e.kind == "metrics" and e.scope == scope and "tau" in e.data)
         params = next(e.data for e in log if e.kind == "params" and e.scope == scope)

@@ -62,5 +62,5 @@ def test_a_compiler_that_fails_leaves_the_rounds_eager_and_says_why(monkeypatch)
         return run
 
     monkeypatch.setattr(torch, "compile", broken)
-    outcome = compile_rounds(target, draft, methods_for([4]), random_prompt(0), 256, 8)
-    assert outcome == "ar: RuntimeError: no C++ compiler on this host"
+    outcome = compile_rounds(target, draft, methods_for([4]), random_prompt(0), 16, 8)
+    assert outcome == "prefill: RuntimeError: no C++ compiler on this host"

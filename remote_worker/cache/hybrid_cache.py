@@ -142,6 +142,16 @@ class HybridCache:
         self.pending = [None] * self.gdn_layers
         self.context = None
 
+    def clear(self) -> None:
+        """Back to no committed tokens, in place (the K/V past the length are never read)."""
+        if self.conv is not None and self.recurrent is not None:
+            self.conv.zero_()
+            self.recurrent.zero_()
+        self.length = 0
+        self.to_device_length().zero_()
+        self.pending = [None] * self.gdn_layers
+        self.context = None
+
     @property
     def capacity(self) -> int:
         return 0 if self.kv is None else int(self.kv.shape[3])

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from remote_worker.decoding.divergence import Divergence, first_divergence
+from remote_worker.decoding.fixed_prefill import FixedPrefill
 from remote_worker.decoding.fixed_round import FixedRound
 from remote_worker.decoding.loop import DecodeResult, decode_from, prefill
 from remote_worker.models.target import TargetModel
@@ -77,13 +78,14 @@ def run_prompt(
     index: int,
     before_decode: Callable[[Method, int], None] | None = None,
     rounds: dict[str, FixedRound] | None = None,
+    prefiller: FixedPrefill | None = None,
 ) -> PromptRun:
-    """Prefill `tokens` once, then decode them with every method, repeats interleaved; a method with a
-    fixed-shape round in `rounds` (by scope) decodes with it."""
+    """Prefill `tokens` once (through `prefiller` when given: fixed-shape chunks), then decode them with every
+    method, repeats interleaved; a method with a fixed-shape round in `rounds` (by scope) decodes with it."""
     if methods[0].name != "ar":
         raise ValueError("AR must decode first: it is the reference of every other method")
     drafting = any(m.drafts for m in methods)
-    start = prefill(target, tokens, drafter if drafting else None)
+    start = prefill(target, tokens, drafter if drafting else None, prefiller)
     results: dict[str, list[DecodeResult]] = {m.scope: [] for m in methods}
     for repeat in range(settings.repeats):
         for method in methods:

@@ -1,4 +1,5 @@
-"""`decode.compile`: every method's fixed-shape round compiled once and warmed up before the clock starts.
+"""`decode.compile`: the prefill and every method's round, in fixed shapes, compiled once and warmed up before
+the clock starts.
 
 `auto` (the default) compiles on a CUDA device, where a round of thousands of small kernels is bound by
 their launches and a CUDA graph (`mode="reduce-overhead"`) replays them at once; on a CPU it stays off unless
@@ -18,9 +19,10 @@ from typing import Any
 import torch
 from torch._dynamo.utils import counters
 
+from remote_worker.decoding.fixed_prefill import FixedPrefill
 from remote_worker.decoding.fixed_round import FixedRound
-from remote_worker.decoding.loop import decode_from, prefill
-from remote_worker.models.target import TargetModel
+from remote_worker.decoding.loop import decode_from, fixed_capacity, prefill
+from remote_worker.models.target import TargetModel, prefill_chunk
 
 LOG = logging.getLogger(__name__)
 
@@ -42,7 +44,8 @@ def _raise_recompile_limit(graphs: int) -> None:
 @dataclass
 class CompiledRounds:
     rounds: dict[str, FixedRound]  # method scope -> its compiled round
-    compile_seconds: dict[str, float] = field(default_factory=dict)  # method scope -> its warm-up
+    prefiller: FixedPrefill | None = None  # the compiled prefill every prompt goes through
+    compile_seconds: dict[str, float] = field(default_factory=dict)  # method scope (or "prefill") -> its warm-up
     graphs_after_warmup: int = 0
 
     def recompiles(self) -> int:
@@ -55,31 +58,45 @@ def compile_rounds(
     drafter: Any,
     methods: list[Any],
     prompt: torch.Tensor,
-    capacity: int,
+    longest: int,
     max_new_tokens: int,
 ) -> CompiledRounds | str:
-    """Build, compile and warm up a fixed-shape round per method (`Method` of `comparison`), decoding `prompt`
-    twice with each (the second call is the one a CUDA graph is captured on). Returns the rounds, or why
-    this host's torch could not compile them (the run then decodes with the reference rounds)."""
+    """Build, compile and warm up the prefill (fixed chunks) and a fixed-shape round per method (`Method` of
+    `comparison`), for prompts of up to `longest` tokens: `prompt` is prefilled twice, and decoded twice by
+    each method (the second call is the one a CUDA graph is captured on). Returns them, or why this host's
+    torch could not compile them (the run then decodes with the reference rounds)."""
     mode = "reduce-overhead" if target.device.type == "cuda" else None
-    _raise_recompile_limit(len(methods))
+    _raise_recompile_limit(len(methods) + 1)
+    budget = max((m.budget for m in methods), default=0)
+    capacity = fixed_capacity(longest, max_new_tokens, drafter.block_size, budget)
+    chunk = prefill_chunk(target.device)
+    prefill_capacity = -(-(longest + chunk) // 256) * 256
+    target.reserve_positions(max(capacity, prefill_capacity))  # before any graph: none may see the tables grow
     compiled = CompiledRounds(rounds={})
-    start = prefill(target, prompt, drafter)
     warmup_tokens = min(max_new_tokens, 8)
-    for method in methods:
-        round_drafter = drafter if method.drafts else None
-        rounds = FixedRound(target, method.name, capacity, drafter=round_drafter, budget=method.budget)
-        rounds.compile(mode)
+    try:
+        prefiller = FixedPrefill(target, prefill_capacity, chunk, drafter.feature_layers)
+        prefiller.compile(mode)
         started = time.perf_counter()
-        try:
+        for _ in range(2):
+            start = prefill(target, prompt, drafter, prefiller)
+        compiled.compile_seconds["prefill"] = time.perf_counter() - started
+        compiled.prefiller = prefiller
+        for method in methods:
+            round_drafter = drafter if method.drafts else None
+            rounds = FixedRound(target, method.name, capacity, drafter=round_drafter, budget=method.budget)
+            rounds.compile(mode)
+            started = time.perf_counter()
             for _ in range(2):
                 decode_from(target, start, method=method.name, max_new_tokens=warmup_tokens, drafter=round_drafter,
                             budget=method.budget, rounds=rounds)  # fmt: skip
-        except Exception as error:  # noqa: BLE001 - any failure of the compiler means: decode with the reference
-            text = str(error).strip().splitlines()[0] if str(error).strip() else ""
-            return f"{method.scope}: {type(error).__name__}: {text}"[:300]
-        compiled.compile_seconds[method.scope] = time.perf_counter() - started
-        compiled.rounds[method.scope] = rounds
-        LOG.info("compiled the %s round in %.1f s", method.scope, compiled.compile_seconds[method.scope])
+            compiled.compile_seconds[method.scope] = time.perf_counter() - started
+            compiled.rounds[method.scope] = rounds
+            LOG.info("compiled the %s round in %.1f s", method.scope, compiled.compile_seconds[method.scope])
+    except Exception as error:  # noqa: BLE001 - any failure of the compiler means: decode with the reference
+        text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        where = next((m.scope for m in methods if m.scope not in compiled.compile_seconds), "prefill")
+        where = "prefill" if "prefill" not in compiled.compile_seconds else where
+        return f"{where}: {type(error).__name__}: {text}"[:300]
     compiled.graphs_after_warmup = counters["stats"]["unique_graphs"]
     return compiled

@@ -99,6 +99,7 @@ class FixedRound:
         self.depth = drafter.block_size - 1 if self.drafting else 0
         self.slots = self.depth + 1  # the longest accepted path: the root and one node per drafted position
         self.feature_layers = drafter.feature_layers if self.drafting else ()
+        target.reserve_positions(capacity)
         self.cache = target.new_cache(capacity)
         self.cache.to_device_length()
         self.context = drafter.new_context(capacity) if self.drafting else None

@@ -23,6 +23,7 @@ import torch
 
 from remote_worker.cache.hybrid_cache import HybridCache
 from remote_worker.cache.tree import Tree
+from remote_worker.decoding.fixed_prefill import FixedPrefill
 from remote_worker.decoding.fixed_round import FixedRound, choose, collect_margins, run_rounds
 from remote_worker.decoding.tree_build import DraftTree, best_first_tree, chain_tree
 from remote_worker.models.target import TargetModel
@@ -101,16 +102,29 @@ def walk(draft: DraftTree, targets: list[int]) -> list[int]:
     return path
 
 
-def prefill(target: TargetModel, prompt: torch.Tensor, drafter: Any | None = None) -> Prefill:
-    """Commit all but the last prompt token; with a drafter, give it their target features too."""
+def prefill(
+    target: TargetModel, prompt: torch.Tensor, drafter: Any | None = None, prefiller: FixedPrefill | None = None
+) -> Prefill:
+    """Commit all but the last prompt token; with a drafter, give it their target features too. With a
+    `prefiller` (fixed-shape chunks, built for the drafter's feature layers), the prefill goes through it and
+    the returned state's cache is the prefiller's own, valid until its next prompt."""
     if prompt.shape[0] < 2:
         raise ValueError("the prompt needs at least two tokens (a committed prefix and the first root)")
-    prompt = prompt.to(target.device)
     feature_layers = drafter.feature_layers if drafter is not None else ()
-    cache = target.new_cache()
+    if prefiller is not None and not set(feature_layers) <= set(prefiller.hidden_layers):
+        raise ValueError(f"the prefiller keeps layers {prefiller.hidden_layers}, the drafter reads {feature_layers}")
     _sync(target.device)
     started = time.perf_counter()
-    features = target.prefill(cache, prompt[:-1], feature_layers)
+    if prefiller is not None:
+        everything = prefiller(prompt[:-1])
+        cache = prefiller.cache
+        width = everything.shape[-1] // max(len(prefiller.hidden_layers), 1)
+        keep = [prefiller.hidden_layers.index(layer) for layer in feature_layers]
+        features = torch.cat([everything[:, i * width : (i + 1) * width] for i in keep], dim=-1) if keep else None
+    else:
+        prompt = prompt.to(target.device)
+        cache = target.new_cache()
+        features = target.prefill(cache, prompt[:-1], feature_layers)
     _sync(target.device)
     target_seconds = time.perf_counter() - started
     context = None

@@ -23,7 +23,6 @@ from remote_worker import stop_signal
 from remote_worker.decoding.comparison import Comparison, Method, PromptRun, Settings, methods_for, run_prompt
 from remote_worker.decoding.compiled import CompiledRounds, compile_rounds, wanted
 from remote_worker.decoding.divergence import Divergence
-from remote_worker.decoding.loop import fixed_capacity
 from remote_worker.events import EventLog
 from remote_worker.models.layout import layout_params
 from remote_worker.models.loading import (
@@ -129,8 +128,8 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
                 message += (f" · tau {tau:.2f}" if tau else "") + (f" · {speed:.0f} tok/s" if speed else "")
                 log.progress("decode", done, total, message)
 
-            rounds = compiled.rounds if compiled is not None else None
-            run = run_prompt(target, drafter, ids, methods, settings, index, announce, rounds)
+            rounds, prefiller = (compiled.rounds, compiled.prefiller) if compiled is not None else (None, None)
+            run = run_prompt(target, drafter, ids, methods, settings, index, announce, rounds, prefiller)
             divergences = comparison.add(run)
             for method in methods:
                 _emit_rounds(log, method.scope, run.first(method.scope).acceptance_lengths, rounds_so_far)
@@ -141,11 +140,15 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     summary = comparison.metrics()
     if compiled is not None:
         for scope, seconds in compiled.compile_seconds.items():
-            summary[scope]["compile_s"] = seconds
+            if scope in summary:  # the methods' rounds; "prefill" is the job's
+                summary[scope]["compile_s"] = seconds
         recompiles = compiled.recompiles()
-        log.emit(
-            "metrics", {"compile_s": sum(compiled.compile_seconds.values()), "recompiles": float(recompiles)}, step=0
-        )
+        costs = {
+            "compile_s": sum(compiled.compile_seconds.values()),
+            "prefill.compile_s": compiled.compile_seconds["prefill"],
+            "recompiles": float(recompiles),
+        }
+        log.emit("metrics", costs, step=0)
         if recompiles:
             LOG.warning("decode.compile: %d graphs were compiled again after the warm-up (a shape changed)", recompiles)
     for scope, metrics in summary.items():
@@ -170,23 +173,23 @@ def _compiled_rounds(
     encoded: list[torch.Tensor],
     settings: Settings,
 ) -> CompiledRounds | None:
-    """`decode.compile` (true, false, auto: on with CUDA): every method's fixed-shape round compiled and warmed
-    up now, before any clock; None when off, or when this host's torch could not (the run says why)."""
+    """`decode.compile` (true, false, auto: on with CUDA): the prefill and every method's round in fixed shapes,
+    compiled and warmed up now, before any clock; None when off, or when this host's torch could not (the run
+    says why)."""
     setting = spec.decode.get("compile", "auto")
     if not wanted(setting, target.device, settings.temperature):
         return None
     if settings.temperature != 0:
         LOG.warning("decode.compile: compiled rounds decode at temperature 0 only; decoding eagerly")
         return None
-    budget = max((m.budget for m in methods), default=0)
-    capacity = fixed_capacity(max(len(ids) for ids in encoded), settings.max_new_tokens, drafter.block_size, budget)
-    log.progress("setup", 2, 3, f"compiling {len(methods)} rounds (decode.compile={setting})")
+    log.progress("setup", 2, 3, f"compiling the prefill and {len(methods)} rounds (decode.compile={setting})")
     started = time.perf_counter()
-    outcome = compile_rounds(target, drafter, methods, encoded[0], capacity, settings.max_new_tokens)
+    longest = max(len(ids) for ids in encoded)
+    outcome = compile_rounds(target, drafter, methods, encoded[0], longest, settings.max_new_tokens)
     if isinstance(outcome, str):
         LOG.warning("decode.compile: torch.compile failed on this host, decoding eagerly (%s)", outcome)
         return None
-    LOG.info("compiled %d rounds in %.1f s (cache capacity %d)", len(methods), time.perf_counter() - started, capacity)
+    LOG.info("compiled the prefill and %d rounds in %.1f s", len(methods), time.perf_counter() - started)
     return outcome
 
 

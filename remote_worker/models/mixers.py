@@ -43,11 +43,16 @@ class RotaryTables:
         index = torch.arange(self.head_dim, device=like.device)
         self.perm = torch.where(index < half, index + half, torch.where(index < rotary, index - half, index))
 
+    def reserve(self, end: int, like: torch.Tensor) -> None:
+        """Tables for every position below `end`, built now: a compiled round must find them built, since
+        building them inside it would change what its next call sees (and compile it again)."""
+        if self.cos is None or self.cos.shape[0] < end:
+            self._build(max(end, 2 * (0 if self.cos is None else self.cos.shape[0]), 256), like)
+
     def __call__(self, positions: torch.Tensor, end: int, like: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Tables for `positions` [n] (all below `end`, known on the host): cos, signed sin [n, 1, head_dim]
         and the permutation [head_dim]. like: a tensor of the model's dtype and device."""
-        if self.cos is None or self.cos.shape[0] < end:
-            self._build(max(end, 2 * (0 if self.cos is None else self.cos.shape[0]), 256), like)
+        self.reserve(end, like)
         assert self.cos is not None and self.sin is not None and self.perm is not None
         return self.cos[positions][:, None], self.sin[positions][:, None], self.perm
 

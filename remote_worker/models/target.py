@@ -115,6 +115,11 @@ class TargetModel:
         h = states[-1]
         return VerifyOutput(logits=self.head(self.final_norm(h)) if logits else None, hidden=hidden)
 
+    def reserve_positions(self, capacity: int) -> None:
+        """Rotary tables for `capacity` positions, built now (fixed-shape rounds and prefills call this first)."""
+        if self.rope is not None:
+            self.rope.reserve(capacity, self.embed.weight)
+
     @torch.no_grad()
     def verify_fixed(
         self,
@@ -124,16 +129,18 @@ class TargetModel:
         depths: torch.Tensor,
         depth: int,
         hidden_layers: tuple[int, ...] = (),
+        logits: bool = True,
     ) -> VerifyOutput:
         """`verify` of a tree already on the device ([n] tokens, parents, depths, at most `depth` deep), in
-        shapes that depend only on n and the cache's capacity: no device value is read, nothing grows."""
+        shapes that depend only on n and the cache's capacity: no device value is read, nothing grows. The LM
+        head only if `logits` (a prefill needs none)."""
         ctx = cache.begin_fixed(tokens, parents, depths, depth, self.dtype)
         h = self.embed(ctx.tokens)
         if self.rope is not None:
             ctx.rope = self.rope(ctx.positions, cache.capacity, h)
         states = self._layers(h, ctx, cache)
         hidden = {index: states[index] for index in hidden_layers}
-        return VerifyOutput(logits=self.head(self.final_norm(states[-1])), hidden=hidden)
+        return VerifyOutput(logits=self.head(self.final_norm(states[-1])) if logits else None, hidden=hidden)
 
     def _layers(self, h: torch.Tensor, ctx: TreeContext, cache: HybridCache) -> list[torch.Tensor]:
         """h [n, hidden] through every decoder layer: the hidden states from the embeddings' (index 0) on."""
