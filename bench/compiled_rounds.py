@@ -4,9 +4,10 @@ For each method (AR, DFlash, DDTree at one budget) three rounds decode the same 
 reference round (`loop.decode_from`, host heap and walk), the fixed-shape round run eagerly, and the same
 round through `torch.compile` (`decode.compile`). Reported per method: tokens/s of each (median over the
 prompts' passes, with the range), compiled over eager, whether each emitted AR's tokens, the compile time
-(its warm-up), graphs compiled after the warm-up (recompiles), graph breaks (`torch._dynamo.explain` of one
-round), and what one round moves between host and device (counted on `meta`: compiled or not, the round
-itself reads nothing back and copies nothing over; the loop reads the packed tokens once).
+(its warm-up, the prefill's apart; a cold compile: inductor's caches start empty), graphs compiled after
+the warm-up (recompiles), graph breaks (`torch._dynamo.explain` of one round), and what one round moves
+between host and device (counted on `meta`: compiled or not, the round itself reads nothing back and
+copies nothing over; the loop reads the packed tokens once).
 
     python -m bench.compiled_rounds --threads 1 --prompts 6 --new-tokens 64 --budget 32
 """
@@ -15,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import tempfile
 import time
 from typing import Any
 
@@ -111,12 +114,15 @@ def measure(pair: str, budget: int, new_tokens: int, prompts: int, threads: int)
         "budget": budget,
         "capacity": capacity,
         "compile_s_total": compile_total,
+        "prefill_compile_s": compiled.compile_seconds["prefill"],
         "recompiles": recompiles,
         "rows": rows,
     }
 
 
 def main() -> None:
+    # A cold compile, as on a fresh host: inductor's caches (kernels, FX graphs) start empty in a new folder.
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="inductor-"))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", default="tiny_trained")
     parser.add_argument("--budget", type=int, default=32)

@@ -8,6 +8,11 @@
 1b. Operations per round on the 64-layer tiny-width models (`bench/op_counts.py`, counted on the host).
 2. End-to-end decoding on the trained tiny pair (AR, DFlash, DDTree at budget 32) on the GPU, in float32
    and in bfloat16 (lossless, near-tie and unexplained divergences).
+3. A whole DDTree round in fixed shapes (`remote_worker/decoding/fixed_round.py`: draft, tree built on the
+   device, verify, walk, commit) at those layer sizes with a drafter of Qwen3.6-27B-DFlash's sizes (five
+   layers, its target layers mapped onto the period's four), at 16-128 nodes: eager, and compiled with CUDA
+   graphs (`mode="reduce-overhead"`, captured in the warm-up), beside the weight-read floor of what the
+   round reads (the period's layers, the drafter's, the LM head).
 
 `--device cpu --small` runs the same code with small layers, to check the script without a GPU.
 """
@@ -135,6 +140,94 @@ def verify_costs(sizes: dict, device: torch.device, prefill: int, repeats: int) 
     return rows
 
 
+def draft_sizes(sizes: dict, small: bool) -> dict:
+    """Qwen3.6-27B-DFlash's drafter (five layers, four windowed; block 16), or a small stand-in."""
+    vocab = sizes["vocab_size"]
+    if small:
+        return {
+            "hidden_size": sizes["hidden_size"],
+            "intermediate_size": sizes["intermediate_size"],
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "num_hidden_layers": 2,
+            "vocab_size": vocab,
+            "block_size": 16,
+            "dflash_config": {"target_layer_ids": [0, 2], "mask_token_id": vocab - 1},
+        }
+    return {
+        "hidden_size": 5120,
+        "intermediate_size": 17408,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "num_hidden_layers": 5,
+        "vocab_size": vocab,
+        "block_size": 16,
+        "layer_types": ["sliding_attention"] * 4 + ["full_attention"],
+        "sliding_window": 2048,
+        "max_position_embeddings": 262144,
+        "rope_theta": 10000000,
+        "rms_norm_eps": 1e-6,
+        # its target layers 1, 16, 31, 46, 61 of 64, mapped onto the period's four (modulo 4)
+        "dflash_config": {"target_layer_ids": [1, 0, 3, 2, 1], "mask_token_id": vocab - 2},
+    }
+
+
+def round_costs(sizes: dict, device: torch.device, prefill: int, repeats: int, small: bool) -> list[dict]:
+    """Milliseconds of one whole DDTree round at 16-128 nodes, eager and compiled, after a `prefill`."""
+    from remote_worker.decoding.compiled import _raise_recompile_limit
+    from remote_worker.decoding.fixed_round import FixedRound
+    from remote_worker.decoding.loop import fixed_capacity
+    from remote_worker.decoding.loop import prefill as prefill_prompt
+    from remote_worker.models.dflash import build_draft
+
+    config = transformers.Qwen3_5TextConfig(
+        **sizes,
+        num_hidden_layers=4,
+        layer_types=["linear_attention"] * 3 + ["full_attention"],
+        max_position_embeddings=8192,
+    )
+    torch.manual_seed(0)
+    model = transformers.Qwen3_5ForCausalLM(config).to(device=device, dtype=torch.bfloat16).eval()
+    target = TargetModel(model)
+    drafter = build_draft(draft_sizes(sizes, small), 0, torch.bfloat16, device)
+    prompt = torch.randint(0, sizes["vocab_size"], (prefill + 1,), generator=torch.Generator().manual_seed(0))
+    start = prefill_prompt(target, prompt, drafter)
+    budgets = (15, 31, 63, 127)
+    capacity = fixed_capacity(prefill + 1, 16, drafter.block_size, max(budgets))
+    target.reserve_positions(capacity)
+    draft_bytes = sum(p.numel() * p.element_size() for p in drafter.parameters())
+    floor_ms = 1000 * (round_weight_bytes(model) + draft_bytes) / copy_bandwidth(device)
+    _raise_recompile_limit(len(budgets))
+    mode = "reduce-overhead" if device.type == "cuda" else None
+    rows = []
+    for budget in budgets:
+        row: dict = {"nodes": budget + 1, "floor_ms": floor_ms}
+        for side in ("eager", "compiled"):
+            rounds = FixedRound(target, "ddtree", capacity, drafter=drafter, budget=budget)
+            started = time.perf_counter()
+            if side == "compiled":
+                rounds.compile(mode)
+            times = []
+            for index in range(repeats + 3):  # the first rounds compile, capture and warm up
+                rounds.reset(start.cache, start.draft_context, start.root, None)
+                _sync(device)
+                begun = time.perf_counter()
+                rounds.run()
+                _sync(device)
+                if index == 2:
+                    row[f"{side}_warmup_s"] = time.perf_counter() - started
+                if index >= 3:
+                    times.append(time.perf_counter() - begun)
+            row[f"{side}_ms"] = 1000 * statistics.median(times)
+            row[f"{side}_ms_range"] = [1000 * min(times), 1000 * max(times)]
+            del rounds
+        rows.append(row)
+    del model, target, drafter, start
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
@@ -145,6 +238,9 @@ def main() -> None:
     device = torch.device(args.device)
     name = "small" if args.small else "qwen3_6_27b"
     started = time.monotonic()
+    rounds = round_costs(LAYER_SIZES[name], device, 256 if args.small else 2048, args.repeats, args.small)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     verify = verify_costs(LAYER_SIZES[name], device, prefill=256 if args.small else 2048, repeats=args.repeats)
     decoding = [
         decode_figures("tiny_trained", repeats=2, device=args.device, budgets=(32,), prompts=None),
@@ -153,10 +249,24 @@ def main() -> None:
     ]
     counts = op_count_figures()
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    results = {"device": gpu, "layer_sizes": name, "verify": verify, "op_counts": counts, "decode": decoding}
+    results = {
+        "device": gpu, "layer_sizes": name, "rounds": rounds, "verify": verify, "op_counts": counts, "decode": decoding
+    }  # fmt: skip
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "gpu.json").write_text(json.dumps(results, indent=1) + "\n")
     print(f"{gpu}, torch {torch.__version__}, {time.monotonic() - started:.0f} s")
+    print(
+        f"| DDTree round at {name} layer sizes + its drafter (bf16) | eager ms (range) | compiled ms (range) "
+        "| eager / compiled | weight-read floor ms | compiled / floor | compile + capture s |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for row in rounds:
+        print(
+            f"| {row['nodes']} nodes | {row['eager_ms']:.2f} ({row['eager_ms_range'][0]:.2f}–"
+            f"{row['eager_ms_range'][1]:.2f}) | {row['compiled_ms']:.2f} ({row['compiled_ms_range'][0]:.2f}–"
+            f"{row['compiled_ms_range'][1]:.2f}) | {row['eager_ms'] / row['compiled_ms']:.2f} "
+            f"| {row['floor_ms']:.2f} | {row['compiled_ms'] / row['floor_ms']:.1f} | {row['compiled_warmup_s']:.0f} |"
+        )
     print(
         f"| verify at {name} layer sizes (3 GDN + 1 attention, bf16) | tree ms | chain ms | tree / chain "
         "| weight-read floor ms | tree / floor | operations per verify |"

@@ -147,7 +147,7 @@ class FixedRound:
         if not self.drafting:
             one = torch.ones(1, dtype=torch.bool, device=root.device)
             zero = torch.zeros(1, dtype=torch.long, device=root.device)
-            return DeviceTree(root.reshape(1), zero - 1, zero, one, zero.double(), one[0])
+            return DeviceTree(root.reshape(1).clone(), zero - 1, zero, one, zero.double(), one[0])
         assert self.drafter is not None and self.mask_embedding is not None
         root_embedding = self.target.embed(root)
         logits = self.drafter.propose_fixed(self.context, root_embedding, self.mask_embedding, self.target.head)
