@@ -1,6 +1,6 @@
 """Compiled fixed-shape rounds against eager ones on a trained tiny pair, side by side in one run.
 
-For each method (AR, DFlash, DDTree at one budget) three rounds decode the same prompts in turn: the
+For each method (AR, DFlash, DDTree at each budget) three rounds decode the same prompts in turn: the
 reference round (`loop.decode_from`, host heap and walk), the fixed-shape round run eagerly, and the same
 round through `torch.compile` (`decode.compile`). Reported per method: tokens/s of each (median over the
 prompts' passes, with the range), compiled over eager, whether each emitted AR's tokens, the compile time
@@ -9,7 +9,7 @@ the warm-up (recompiles), graph breaks (`torch._dynamo.explain` of one round), a
 between host and device (counted on `meta`: compiled or not, the round itself reads nothing back and
 copies nothing over; the loop reads the packed tokens once).
 
-    python -m bench.compiled_rounds --threads 1 --prompts 6 --new-tokens 64 --budget 32
+    python -m bench.compiled_rounds --threads 1 --prompts 6 --new-tokens 64 --budgets 16,32,64
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 
-def measure(pair: str, budget: int, new_tokens: int, prompts: int, threads: int) -> dict[str, Any]:
+def measure(pair: str, budgets: list[int], new_tokens: int, prompts: int, threads: int) -> dict[str, Any]:
     import torch
 
     from orchestrator.config.prompts import resolve_prompts
@@ -45,8 +45,8 @@ def measure(pair: str, budget: int, new_tokens: int, prompts: int, threads: int)
     model = load_model(spec, seed=0)
     target, drafter, tokenizer = TargetModel(model), load_drafter(spec, seed=0, target=model), load_tokenizer(spec)
     ids = [encode(p, tokenizer, target.embed.num_embeddings) for p in resolve_prompts("humaneval")[:prompts]]
-    methods = methods_for([budget])
-    capacity = fixed_capacity(max(len(i) for i in ids), new_tokens, drafter.block_size, budget)
+    methods = methods_for(budgets)
+    capacity = fixed_capacity(max(len(i) for i in ids), new_tokens, drafter.block_size, max(budgets))
     started = time.perf_counter()
     compiled = compile_rounds(target, drafter, methods, ids[0], max(len(i) for i in ids), new_tokens)
     if isinstance(compiled, str):
@@ -111,7 +111,7 @@ def measure(pair: str, budget: int, new_tokens: int, prompts: int, threads: int)
         "threads": threads,
         "prompts": len(ids),
         "new_tokens": new_tokens,
-        "budget": budget,
+        "budgets": budgets,
         "capacity": capacity,
         "compile_s_total": compile_total,
         "prefill_compile_s": compiled.compile_seconds["prefill"],
@@ -125,12 +125,13 @@ def main() -> None:
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="inductor-"))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", default="tiny_trained")
-    parser.add_argument("--budget", type=int, default=32)
+    parser.add_argument("--budgets", default="16,32,64", help="DDTree budgets, comma-separated")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--prompts", type=int, default=6)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
-    print(json.dumps(measure(args.pair, args.budget, args.new_tokens, args.prompts, args.threads)))
+    budgets = [int(b) for b in args.budgets.split(",")]
+    print(json.dumps(measure(args.pair, budgets, args.new_tokens, args.prompts, args.threads)))
 
 
 if __name__ == "__main__":

@@ -145,6 +145,13 @@ def _compiled_table(runs: list[dict]) -> list[str]:
                 f"| {row['graph_breaks']} | {run['recompiles']} | {row['round_device_reads']}, "
                 f"{row['round_host_copies']} | {lossless} |"
             )
+    lines.append("")
+    for run in runs:
+        lines.append(
+            f"Compiling the prefill and {len(run['rows'])} rounds took {run['compile_s_total']:.0f} s at "
+            f"{run['threads']} thread(s) (the prefill {run['prefill_compile_s']:.0f} s); "
+            f"{run['recompiles']} graphs were compiled again after the warm-up."
+        )
     return lines
 
 
@@ -223,7 +230,8 @@ def markdown(results: dict) -> str:
         *_speed_table(results["speed"]),
         "",
         "decode.compile: compiled fixed-shape rounds against the same rounds eager and the reference rounds, "
-        "tiny_trained, DDTree budget 32, side by side in one process per thread count (`bench.compiled_rounds`):",
+        "tiny_trained, 6 prompts × 64 tokens, side by side in one process per thread count, compiled cold "
+        "(`bench.compiled_rounds`):",
         "",
         *_compiled_table(results["compiled"]),
         "",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,11 +61,13 @@ def compile_rounds(
     prompt: torch.Tensor,
     longest: int,
     max_new_tokens: int,
+    progress: Callable[[int, int, str], None] | None = None,
 ) -> CompiledRounds | str:
     """Build, compile and warm up the prefill (fixed chunks) and a fixed-shape round per method (`Method` of
     `comparison`), for prompts of up to `longest` tokens: `prompt` is prefilled twice, and decoded twice by
     each method (the second call is the one a CUDA graph is captured on). Returns them, or why this host's
-    torch could not compile them (the run then decodes with the reference rounds)."""
+    torch could not compile them (the run then decodes with the reference rounds). `progress(done, total,
+    what)` is called before each of them (compiling one can take minutes)."""
     mode = "reduce-overhead" if target.device.type == "cuda" else None
     _raise_recompile_limit(len(methods) + 1)
     budget = max((m.budget for m in methods), default=0)
@@ -74,7 +77,9 @@ def compile_rounds(
     target.reserve_positions(max(capacity, prefill_capacity))  # before any graph: none may see the tables grow
     compiled = CompiledRounds(rounds={})
     warmup_tokens = min(max_new_tokens, 8)
+    announce = progress or (lambda done, total, what: None)
     try:
+        announce(0, len(methods) + 1, "compiling the prefill")
         prefiller = FixedPrefill(target, prefill_capacity, chunk, drafter.feature_layers)
         prefiller.compile(mode)
         started = time.perf_counter()
@@ -82,7 +87,8 @@ def compile_rounds(
             start = prefill(target, prompt, drafter, prefiller)
         compiled.compile_seconds["prefill"] = time.perf_counter() - started
         compiled.prefiller = prefiller
-        for method in methods:
+        for index, method in enumerate(methods, start=1):
+            announce(index, len(methods) + 1, f"compiling the {method.scope} round")
             round_drafter = drafter if method.drafts else None
             rounds = FixedRound(target, method.name, capacity, drafter=round_drafter, budget=method.budget)
             rounds.compile(mode)
@@ -99,4 +105,5 @@ def compile_rounds(
         where = "prefill" if "prefill" not in compiled.compile_seconds else where
         return f"{where}: {type(error).__name__}: {text}"[:300]
     compiled.graphs_after_warmup = counters["stats"]["unique_graphs"]
+    announce(len(methods) + 1, len(methods) + 1, f"compiled in {sum(compiled.compile_seconds.values()):.0f} s")
     return compiled

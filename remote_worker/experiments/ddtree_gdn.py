@@ -182,10 +182,14 @@ def _compiled_rounds(
     if settings.temperature != 0:
         LOG.warning("decode.compile: compiled rounds decode at temperature 0 only; decoding eagerly")
         return None
-    log.progress("setup", 2, 3, f"compiling the prefill and {len(methods)} rounds (decode.compile={setting})")
+
+    def progress(done: int, total: int, what: str) -> None:
+        stop_signal.check()
+        log.progress("compile", done, total, f"{what} (decode.compile={setting})")
+
     started = time.perf_counter()
     longest = max(len(ids) for ids in encoded)
-    outcome = compile_rounds(target, drafter, methods, encoded[0], longest, settings.max_new_tokens)
+    outcome = compile_rounds(target, drafter, methods, encoded[0], longest, settings.max_new_tokens, progress)
     if isinstance(outcome, str):
         LOG.warning("decode.compile: torch.compile failed on this host, decoding eagerly (%s)", outcome)
         return None
