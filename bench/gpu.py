@@ -207,19 +207,23 @@ def round_costs(sizes: dict, device: torch.device, prefill: int, repeats: int, s
         for side in ("eager", "compiled"):
             rounds = FixedRound(target, "ddtree", capacity, drafter=drafter, budget=budget)
             started = time.perf_counter()
-            if side == "compiled":
-                rounds.compile(mode)
             times = []
-            for index in range(repeats + 3):  # the first rounds compile, capture and warm up
-                rounds.reset(start.cache, start.draft_context, start.root, None)
-                _sync(device)
-                begun = time.perf_counter()
-                rounds.run()
-                _sync(device)
-                if index == 2:
-                    row[f"{side}_warmup_s"] = time.perf_counter() - started
-                if index >= 3:
-                    times.append(time.perf_counter() - begun)
+            try:
+                if side == "compiled":
+                    rounds.compile(mode)
+                for index in range(repeats + 3):  # the first rounds compile, capture and warm up
+                    rounds.reset(start.cache, start.draft_context, start.root, None)
+                    _sync(device)
+                    begun = time.perf_counter()
+                    rounds.run()
+                    _sync(device)
+                    if index == 2:
+                        row[f"{side}_warmup_s"] = time.perf_counter() - started
+                    if index >= 3:
+                        times.append(time.perf_counter() - begun)
+            except Exception as error:  # noqa: BLE001 - a bench reports what failed and goes on with the rest
+                row[f"{side}_error"] = f"{type(error).__name__}: {str(error).strip()[:300]}"
+                continue
             row[f"{side}_ms"] = 1000 * statistics.median(times)
             row[f"{side}_ms_range"] = [1000 * min(times), 1000 * max(times)]
             del rounds
@@ -233,21 +237,28 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--small", action="store_true", help="small layers (a check of the script, not a result)")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--parts", default="rounds,verify,decode", help="which parts to run (comma-separated)")
     args = parser.parse_args()
+    parts = set(args.parts.split(","))
     torch.set_grad_enabled(False)
     device = torch.device(args.device)
     name = "small" if args.small else "qwen3_6_27b"
     started = time.monotonic()
-    rounds = round_costs(LAYER_SIZES[name], device, 256 if args.small else 2048, args.repeats, args.small)
+    prefill = 256 if args.small else 2048
+    rounds = round_costs(LAYER_SIZES[name], device, prefill, args.repeats, args.small) if "rounds" in parts else []
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    verify = verify_costs(LAYER_SIZES[name], device, prefill=256 if args.small else 2048, repeats=args.repeats)
-    decoding = [
-        decode_figures("tiny_trained", repeats=2, device=args.device, budgets=(32,), prompts=None),
-        # bfloat16 on the GPU: where tree verification and one-token decoding may round differently
-        decode_figures("tiny_trained", repeats=1, device=args.device, budgets=(32,), prompts=None, dtype="bfloat16"),
-    ]
-    counts = op_count_figures()
+    verify = verify_costs(LAYER_SIZES[name], device, prefill, args.repeats) if "verify" in parts else []
+    decoding = []
+    if "decode" in parts:
+        decoding = [
+            decode_figures("tiny_trained", repeats=2, device=args.device, budgets=(32,), prompts=None),
+            # bfloat16 on the GPU: where tree verification and one-token decoding may round differently
+            decode_figures(
+                "tiny_trained", repeats=1, device=args.device, budgets=(32,), prompts=None, dtype="bfloat16"
+            ),
+        ]
+    counts = op_count_figures() if "verify" in parts else []
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     results = {
         "device": gpu, "layer_sizes": name, "rounds": rounds, "verify": verify, "op_counts": counts, "decode": decoding
@@ -261,6 +272,9 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|")
     for row in rounds:
+        if "eager_ms" not in row or "compiled_ms" not in row:
+            print(f"| {row['nodes']} nodes | {row.get('eager_error', '')} | {row.get('compiled_error', '')} | | | | |")
+            continue
         print(
             f"| {row['nodes']} nodes | {row['eager_ms']:.2f} ({row['eager_ms_range'][0]:.2f}–"
             f"{row['eager_ms_range'][1]:.2f}) | {row['compiled_ms']:.2f} ({row['compiled_ms_range'][0]:.2f}–"

@@ -40,6 +40,7 @@ class FixedPrefill:
                 torch._dynamo.mark_static_address(tensor)
         self.run = torch.compile(self.step, fullgraph=True, dynamic=False, mode=mode)
 
+    @torch.no_grad()
     def step(self) -> torch.Tensor:
         """Verify and commit the chunk in `tokens` (its first `count` real); returns the hidden states of
         `hidden_layers` for every position, concatenated on the feature axis ([chunk, F]; F = 0 without)."""

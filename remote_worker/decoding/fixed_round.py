@@ -108,7 +108,8 @@ class FixedRound:
         self.root = torch.zeros((), dtype=torch.long, device=device)
         self.mask_embedding = None
         if self.drafting:
-            self.mask_embedding = target.embed(torch.tensor(drafter.mask_token_id, device=device))
+            with torch.no_grad():
+                self.mask_embedding = target.embed(torch.tensor(drafter.mask_token_id, device=device))
         self.run = self.step  # `compile` replaces it with the compiled round
 
     @property
@@ -155,8 +156,10 @@ class FixedRound:
             return device_chain(root, logits, self.depth)
         return device_best_first_tree(root, logits, self.budget)
 
+    @torch.no_grad()
     def step(self) -> RoundOutput:
-        """One round, all on the device: no value is read back, no shape depends on one."""
+        """One round, all on the device: no value is read back, no shape depends on one. (No autograd: the
+        weights are parameters, and a compiled graph that records gradients is another, slower graph.)"""
         tree = self.draft()
         output = self.target.verify_fixed(
             self.cache, tree.tokens, tree.parents, tree.depths, self.depth, self.feature_layers
