@@ -158,6 +158,8 @@ class MethodTally:
     unexplained: int = 0
     repetitive_rounds: int = 0
     fresh_round_tokens: list[int] = field(default_factory=list)  # tokens per round of the other rounds
+    fixed: bool = False  # decoded with fixed-shape rounds (whose trees may be flagged inexact)
+    inexact_trees: int = 0
 
     def add(self, run: PromptRun, divergence: Divergence | None) -> None:
         results = run.results[self.method.scope]
@@ -174,6 +176,8 @@ class MethodTally:
             for stage, seconds in result.stage_seconds.items():
                 self.stage_seconds[stage] = self.stage_seconds.get(stage, 0.0) + seconds
         first = results[0]
+        self.fixed |= first.fixed
+        self.inexact_trees += first.inexact_trees
         self.acceptance_lengths += first.acceptance_lengths
         flags = repetition_flags(run.tokens, first.tokens, first.acceptance_lengths)
         self.repetitive_rounds += sum(flags)
@@ -218,6 +222,8 @@ class MethodTally:
             "generated_tokens": float(self.repeat_tokens[0] if self.repeat_tokens else 0),
             "repeats": float(len(self.repeat_tokens)),
         }
+        if self.fixed:  # trees whose scores rounded, so that they may differ from the host heap's at a tie
+            metrics["inexact_trees"] = float(self.inexact_trees)
         if exactness:
             metrics["lossless"] = self.matches / max(self.prompts, 1)
             metrics["near_tie_divergences"] = float(self.near_ties)

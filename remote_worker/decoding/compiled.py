@@ -68,6 +68,8 @@ def compile_rounds(
     each method (the second call is the one a CUDA graph is captured on). Returns them, or why this host's
     torch could not compile them (the run then decodes with the reference rounds). `progress(done, total,
     what)` is called before each of them (compiling one can take minutes)."""
+    if problem := target.compile_problem():
+        return f"model: {problem}"
     mode = "reduce-overhead" if target.device.type == "cuda" else None
     _raise_recompile_limit(len(methods) + 1)
     budget = max((m.budget for m in methods), default=0)

@@ -45,6 +45,7 @@ class DecodeResult:
     # Fixed-shape rounds: how many trees had a rounded score sum (`device_tree`), so that they may differ from
     # the host heap's tree at an exact tie (the tokens are the target's all the same).
     inexact_trees: int = 0
+    fixed: bool = False  # decoded with fixed-shape rounds
 
     @property
     def rounds(self) -> int:
@@ -245,7 +246,7 @@ def _decode_fixed(
     needed = start.prompt_length + max_new_tokens + max(rounds.nodes, rounds.slots)
     if needed > rounds.capacity:
         raise ValueError(f"this decode needs {needed} cache positions; the fixed-shape round has {rounds.capacity}")
-    result = DecodeResult(tokens=[], acceptance_lengths=[], stage_seconds={})
+    result = DecodeResult(tokens=[], acceptance_lengths=[], stage_seconds={}, fixed=True)
     rounds.reset(start.cache, start.draft_context, start.root, generator)
     _sync(target.device)
     started = time.perf_counter()

@@ -115,6 +115,16 @@ class TargetModel:
         h = states[-1]
         return VerifyOutput(logits=self.head(self.final_norm(h)) if logits else None, hidden=hidden)
 
+    def compile_problem(self) -> str | None:
+        """Why this model's layers cannot be one fixed-shape graph, or None. A mixture of experts runs the
+        module's own forward, whose loop over the experts a batch hits depends on the routing's values."""
+        if any(mlp.gate_up is None for mlp in self.mlps):
+            return (
+                "its mixture-of-experts blocks run transformers' loop over the experts each batch hits, whose "
+                "length depends on the routing: not one fixed-shape graph"
+            )
+        return None
+
     def reserve_positions(self, capacity: int) -> None:
         """Rotary tables for `capacity` positions, built now (fixed-shape rounds and prefills call this first)."""
         if self.rope is not None:
