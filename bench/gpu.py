@@ -176,7 +176,7 @@ def draft_sizes(sizes: dict, small: bool) -> dict:
 
 def round_costs(sizes: dict, device: torch.device, prefill: int, repeats: int, small: bool) -> list[dict]:
     """Milliseconds of one whole DDTree round at 16-128 nodes, eager and compiled, after a `prefill`."""
-    from remote_worker.decoding.compiled import _raise_recompile_limit
+    from remote_worker.decoding.compiled import raise_recompile_limit
     from remote_worker.decoding.fixed_round import FixedRound
     from remote_worker.decoding.loop import fixed_capacity
     from remote_worker.decoding.loop import prefill as prefill_prompt
@@ -199,7 +199,7 @@ def round_costs(sizes: dict, device: torch.device, prefill: int, repeats: int, s
     target.reserve_positions(capacity)
     draft_bytes = sum(p.numel() * p.element_size() for p in drafter.parameters())
     floor_ms = 1000 * (round_weight_bytes(model) + draft_bytes) / copy_bandwidth(device)
-    _raise_recompile_limit(len(budgets))
+    raise_recompile_limit(len(budgets))
     mode = "reduce-overhead" if device.type == "cuda" else None
     rows = []
     for budget in budgets:

@@ -35,7 +35,7 @@ def wanted(setting: object, device: torch.device, temperature: float) -> bool:
     return bool(setting)
 
 
-def _raise_recompile_limit(graphs: int) -> None:
+def raise_recompile_limit(graphs: int) -> None:
     """One graph per (method, budget) comes from one code object; dynamo's default limit is 8 per object."""
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(torch._dynamo.config, name):
@@ -71,7 +71,7 @@ def compile_rounds(
     if problem := target.compile_problem():
         return f"model: {problem}"
     mode = "reduce-overhead" if target.device.type == "cuda" else None
-    _raise_recompile_limit(len(methods) + 1)
+    raise_recompile_limit(len(methods) + 1)
     budget = max((m.budget for m in methods), default=0)
     capacity = fixed_capacity(longest, max_new_tokens, drafter.block_size, budget)
     chunk = prefill_chunk(target.device)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from remote_worker.decoding.fixed_round import compiled_entry
 from remote_worker.models.target import TargetModel
 
 
@@ -38,7 +39,7 @@ class FixedPrefill:
         for tensor in (cache.kv, cache.conv, cache.recurrent, cache.device_length, self.tokens, self.count):
             if tensor is not None:
                 torch._dynamo.mark_static_address(tensor)
-        self.run = torch.compile(self.step, fullgraph=True, dynamic=False, mode=mode)
+        self.run = compiled_entry(self.step, mode)
 
     @torch.no_grad()
     def step(self) -> torch.Tensor:

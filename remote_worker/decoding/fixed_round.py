@@ -19,6 +19,7 @@ needs to check for stop tokens and the token limit.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,21 @@ import torch
 from remote_worker.cache.hybrid_cache import HybridCache
 from remote_worker.decoding.device_tree import DeviceTree, device_best_first_tree, device_chain
 from remote_worker.models.target import TargetModel
+
+
+def compiled_entry(step: Callable[[], Any], mode: str | None) -> Callable[[], Any]:
+    """`step` through `torch.compile(fullgraph=True, dynamic=False)`. With CUDA graphs, each call first tells
+    them a new step begins: the previous call's outputs have been read (the loop copies what it keeps), so
+    the graph may reuse their memory instead of recording another."""
+    compiled = torch.compile(step, fullgraph=True, dynamic=False, mode=mode)
+    if mode != "reduce-overhead":
+        return compiled
+
+    def run() -> Any:
+        torch.compiler.cudagraph_mark_step_begin()
+        return compiled()
+
+    return run
 
 
 def device_walk(
@@ -133,7 +149,7 @@ class FixedRound:
         them in place and is captured once."""
         for tensor in self.buffers():
             torch._dynamo.mark_static_address(tensor)
-        self.run = torch.compile(self.step, fullgraph=True, dynamic=False, mode=mode)
+        self.run = compiled_entry(self.step, mode)
 
     def buffers(self) -> list[torch.Tensor]:
         """Every tensor the round updates in place."""
