@@ -95,7 +95,9 @@ def round_weight_bytes(model: torch.nn.Module) -> int:
     )
 
 
-def verify_costs(sizes: dict, device: torch.device, prefill: int, repeats: int) -> list[dict]:
+def period_model(sizes: dict, device: torch.device) -> torch.nn.Module:
+    """One period of Qwen3.6-27B's layer pattern (three GDN layers, one gated attention layer), seeded,
+    bfloat16."""
     config = transformers.Qwen3_5TextConfig(
         **sizes,
         num_hidden_layers=4,
@@ -103,7 +105,11 @@ def verify_costs(sizes: dict, device: torch.device, prefill: int, repeats: int) 
         max_position_embeddings=8192,
     )
     torch.manual_seed(0)
-    model = transformers.Qwen3_5ForCausalLM(config).to(device=device, dtype=torch.bfloat16).eval()
+    return transformers.Qwen3_5ForCausalLM(config).to(device=device, dtype=torch.bfloat16).eval()
+
+
+def verify_costs(sizes: dict, device: torch.device, prefill: int, repeats: int) -> list[dict]:
+    model = period_model(sizes, device)
     target = TargetModel(model)
     generator = torch.Generator().manual_seed(0)
     cache = target.new_cache()
@@ -182,14 +188,7 @@ def round_costs(sizes: dict, device: torch.device, prefill: int, repeats: int, s
     from remote_worker.decoding.loop import prefill as prefill_prompt
     from remote_worker.models.dflash import build_draft
 
-    config = transformers.Qwen3_5TextConfig(
-        **sizes,
-        num_hidden_layers=4,
-        layer_types=["linear_attention"] * 3 + ["full_attention"],
-        max_position_embeddings=8192,
-    )
-    torch.manual_seed(0)
-    model = transformers.Qwen3_5ForCausalLM(config).to(device=device, dtype=torch.bfloat16).eval()
+    model = period_model(sizes, device)
     target = TargetModel(model)
     drafter = build_draft(draft_sizes(sizes, small), 0, torch.bfloat16, device)
     prompt = torch.randint(0, sizes["vocab_size"], (prefill + 1,), generator=torch.Generator().manual_seed(0))
