@@ -31,15 +31,16 @@ TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 4 ? n :
 test: $(STAMP)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal $(ARGS)
 
-# The inner loop's answer in about a minute: the lifecycle on a fake transport and tracking, validation,
-# redaction, the layers, the event path, host failures, the job's summary, the tree and cache math, the
-# published layouts and their twins in float64; no MLflow server, sshd or orchestrator process.
+# The inner loop's answer in about two and a half minutes: the lifecycle on a fake transport and tracking,
+# validation, redaction, the layers, the event path, host failures, the job's summary, the tree and cache
+# math, the published layouts and their twins in float64, the fixed-shape rounds; no MLflow server, sshd or
+# orchestrator process.
 CHECK_TESTS = tests/test_architecture.py tests/test_lifecycle.py tests/test_validation.py tests/test_redaction.py \
 	tests/test_events.py tests/test_mirror.py tests/test_sink.py tests/test_gdn_math.py \
 	tests/test_target_and_trees.py tests/test_twins.py tests/test_host_failures.py tests/test_job_summary.py tests/test_layout.py \
 	tests/test_fixed_round.py
 
-## check: the fast in-process tests (about a minute on 2 cores): `make check` while working, `make test` before a commit
+## check: the fast in-process tests (about 2.5 minutes on 2 cores): `make check` while working, `make test` before a commit
 check: $(STAMP)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not slow" -k "not (twins and float32)" $(CHECK_TESTS) $(ARGS)
 
