@@ -26,29 +26,20 @@ from typing import Any
 def measure(pair: str, budgets: list[int], new_tokens: int, prompts: int, threads: int) -> dict[str, Any]:
     import torch
 
-    from orchestrator.config.prompts import resolve_prompts
+    from bench.decode_speed import load_pair
     from remote_worker.decoding.comparison import methods_for
     from remote_worker.decoding.compiled import compile_rounds
     from remote_worker.decoding.fixed_round import FixedRound
     from remote_worker.decoding.loop import decode_from, fixed_capacity, prefill
-    from remote_worker.models.loading import load_drafter, load_model, load_tokenizer
-    from remote_worker.models.target import TargetModel
     from remote_worker.op_count import count_operations
-    from remote_worker.prompts import encode
     from tests.test_fixed_round import meta_pair
 
-    torch.set_num_threads(threads)
-    torch.set_grad_enabled(False)
-    from tests.tiny_models import model_spec
-
-    spec = model_spec(pair, "float32")
-    model = load_model(spec, seed=0)
-    target, drafter, tokenizer = TargetModel(model), load_drafter(spec, seed=0, target=model), load_tokenizer(spec)
-    ids = [encode(p, tokenizer, target.embed.num_embeddings) for p in resolve_prompts("humaneval")[:prompts]]
+    target, drafter, ids = load_pair(pair, prompts, threads)
     methods = methods_for(budgets)
-    capacity = fixed_capacity(max(len(i) for i in ids), new_tokens, drafter.block_size, max(budgets))
+    longest = max(len(i) for i in ids)
+    capacity = fixed_capacity(longest, new_tokens, drafter.block_size, max(budgets))
     started = time.perf_counter()
-    compiled = compile_rounds(target, drafter, methods, ids[0], max(len(i) for i in ids), new_tokens)
+    compiled = compile_rounds(target, drafter, methods, ids[0], longest, new_tokens)
     if isinstance(compiled, str):
         raise SystemExit(f"torch.compile failed: {compiled}")
     compile_total = time.perf_counter() - started

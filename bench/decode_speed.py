@@ -23,11 +23,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 
 
-def measure(pair: str, budget: int, new_tokens: int, prompts: int, threads: int) -> dict[str, Any]:
+def load_pair(pair: str, prompts: int, threads: int) -> tuple[Any, Any, list[Any]]:
+    """The pair in float32 on `threads` torch threads, no autograd, and the first `prompts` humaneval prompts
+    encoded: (target, drafter, token ids). Only the worker's long-standing API (see the module's doc)."""
     import torch
 
     from orchestrator.config.prompts import resolve_prompts
-    from remote_worker.decoding.loop import decode_from, prefill
     from remote_worker.models.loading import load_drafter, load_model, load_tokenizer
     from remote_worker.models.target import TargetModel
     from remote_worker.prompts import encode
@@ -39,6 +40,13 @@ def measure(pair: str, budget: int, new_tokens: int, prompts: int, threads: int)
     model = load_model(spec, seed=0)
     target, drafter, tokenizer = TargetModel(model), load_drafter(spec, seed=0, target=model), load_tokenizer(spec)
     ids = [encode(p, tokenizer, target.embed.num_embeddings) for p in resolve_prompts("humaneval")[:prompts]]
+    return target, drafter, ids
+
+
+def measure(pair: str, budget: int, new_tokens: int, prompts: int, threads: int) -> dict[str, Any]:
+    from remote_worker.decoding.loop import decode_from, prefill
+
+    target, drafter, ids = load_pair(pair, prompts, threads)
     methods = {"ar": 0, "dflash": 0, f"ddtree_tb{budget}": budget}
     started = time.perf_counter()
     warm = prefill(target, ids[0][:32], drafter)

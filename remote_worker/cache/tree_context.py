@@ -42,9 +42,7 @@ class TreeContext:
         packed = torch.stack(rows).to(device)  # the round's one host→device copy for the tree
         parents, depths = packed[0], packed[1]
         tokens = packed[2] if tokens_on_host else tree.tokens
-        mask = ancestor_mask(parents, tree.depth)
-        ancestors = mask.to(compute)
-        decay_bias = ancestors.log()  # log 1 = 0, log 0 = -inf
+        mask, ancestors, decay_bias = _masks(parents, tree.depth, compute)
         n = tree.size
         attention_bias = torch.zeros(n, committed + n, dtype=dtype, device=device)
         attention_bias[:, committed:] = decay_bias
@@ -75,9 +73,7 @@ class TreeContext:
         is a device scalar, so attention reads the cache's whole `capacity` with a mask instead of a slice
         whose size changes every round. `depth` bounds the tree's depth (the drafter's positions)."""
         n, device = tokens.shape[0], tokens.device
-        mask = ancestor_mask(parents, depth)
-        ancestors = mask.to(compute)
-        decay_bias = ancestors.log()
+        mask, ancestors, decay_bias = _masks(parents, depth, compute)
         # Slot j of the cache: committed when j < length, else node j - length when that is an ancestor.
         columns = torch.arange(capacity, device=device)
         offset = columns - length
@@ -107,3 +103,11 @@ class TreeContext:
         if kernel not in self.windows:
             self.windows[kernel] = conv_windows(self.parents, kernel)
         return self.windows[kernel]
+
+
+def _masks(parents: torch.Tensor, depth: int, compute: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """The ancestor-or-self mask [n, n] (bool), as 0/1 in the GDN compute dtype, and its log as the decay
+    bias (log 1 = 0, log 0 = -inf)."""
+    mask = ancestor_mask(parents, depth)
+    ancestors = mask.to(compute)
+    return mask, ancestors, ancestors.log()

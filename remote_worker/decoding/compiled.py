@@ -80,6 +80,7 @@ def compile_rounds(
     compiled = CompiledRounds(rounds={})
     warmup_tokens = min(max_new_tokens, 8)
     announce = progress or (lambda done, total, what: None)
+    where = "prefill"  # what is being compiled, for the reason if it fails
     try:
         announce(0, len(methods) + 1, "compiling the prefill")
         prefiller = FixedPrefill(target, prefill_capacity, chunk, drafter.feature_layers)
@@ -90,6 +91,7 @@ def compile_rounds(
         compiled.compile_seconds["prefill"] = time.perf_counter() - started
         compiled.prefiller = prefiller
         for index, method in enumerate(methods, start=1):
+            where = method.scope
             announce(index, len(methods) + 1, f"compiling the {method.scope} round")
             round_drafter = drafter if method.drafts else None
             rounds = FixedRound(target, method.name, capacity, drafter=round_drafter, budget=method.budget)
@@ -103,8 +105,6 @@ def compile_rounds(
             LOG.info("compiled the %s round in %.1f s", method.scope, compiled.compile_seconds[method.scope])
     except Exception as error:  # noqa: BLE001 - any failure of the compiler means: decode with the reference
         text = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        where = next((m.scope for m in methods if m.scope not in compiled.compile_seconds), "prefill")
-        where = "prefill" if "prefill" not in compiled.compile_seconds else where
         return f"{where}: {type(error).__name__}: {text}"[:300]
     compiled.graphs_after_warmup = counters["stats"]["unique_graphs"]
     announce(len(methods) + 1, len(methods) + 1, f"compiled in {sum(compiled.compile_seconds.values()):.0f} s")

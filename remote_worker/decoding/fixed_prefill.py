@@ -36,10 +36,8 @@ class FixedPrefill:
     def compile(self, mode: str | None = None) -> None:
         """As `FixedRound.compile`: one graph, no break, buffers static for a CUDA graph."""
         cache = self.cache
-        for tensor in (cache.kv, cache.conv, cache.recurrent, cache.device_length, self.tokens, self.count):
-            if tensor is not None:
-                torch._dynamo.mark_static_address(tensor)
-        self.run = compiled_entry(self.step, mode)
+        tensors = (cache.kv, cache.conv, cache.recurrent, cache.device_length, self.tokens, self.count)
+        self.run = compiled_entry(self.step, mode, [t for t in tensors if t is not None])
 
     @torch.no_grad()
     def step(self) -> torch.Tensor:

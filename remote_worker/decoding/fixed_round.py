@@ -30,10 +30,14 @@ from remote_worker.decoding.device_tree import DeviceTree, device_best_first_tre
 from remote_worker.models.target import TargetModel
 
 
-def compiled_entry(step: Callable[[], Any], mode: str | None) -> Callable[[], Any]:
-    """`step` through `torch.compile(fullgraph=True, dynamic=False)`. With CUDA graphs, each call first tells
-    them a new step begins: the previous call's outputs have been read (the loop copies what it keeps), so
+def compiled_entry(step: Callable[[], Any], mode: str | None, buffers: list[torch.Tensor]) -> Callable[[], Any]:
+    """`step` through `torch.compile(fullgraph=True, dynamic=False)`: one graph, no break, compiled on the
+    first call. `buffers`, the tensors `step` updates in place, are marked static, so a CUDA graph
+    (`mode="reduce-overhead"`) updates them in place and is captured once; and each call first tells the
+    graphs a new step begins: the previous call's outputs have been read (the loop copies what it keeps), so
     the graph may reuse their memory instead of recording another."""
+    for tensor in buffers:
+        torch._dynamo.mark_static_address(tensor)
     compiled = torch.compile(step, fullgraph=True, dynamic=False, mode=mode)
     if mode != "reduce-overhead":
         return compiled
@@ -134,9 +138,8 @@ class FixedRound:
         return self.budget + 1 if self.method == "ddtree" else self.slots
 
     def reset(self, cache: HybridCache, context: Any | None, root: int, generator: torch.Generator | None) -> None:
-        """Start from a prefilled state (copied in place; the originals stay as they are)."""
-        if cache.length + self.slots + self.nodes > self.capacity:
-            raise ValueError(f"a prompt of {cache.length + 1} tokens leaves no room in a capacity of {self.capacity}")
+        """Start from a prefilled state (copied in place; the originals stay as they are). Whether the decode
+        fits the capacity is `loop.decode_from`'s check, which knows how many tokens it will commit."""
         self.cache.load(cache)
         if self.context is not None:
             self.context.load(context)
@@ -144,20 +147,12 @@ class FixedRound:
         self.generator = generator
 
     def compile(self, mode: str | None = None) -> None:
-        """The round through `torch.compile(fullgraph=True, dynamic=False)`: one graph, no break, compiled on
-        the first call. Its buffers are marked static, so a CUDA graph (`mode="reduce-overhead"`) updates
-        them in place and is captured once."""
-        for tensor in self.buffers():
-            torch._dynamo.mark_static_address(tensor)
-        self.run = compiled_entry(self.step, mode)
-
-    def buffers(self) -> list[torch.Tensor]:
-        """Every tensor the round updates in place."""
+        """The round compiled (`compiled_entry`), its buffers static: every tensor it updates in place."""
         cache, context = self.cache, self.context
         tensors = [cache.kv, cache.conv, cache.recurrent, cache.device_length, self.root]
         if context is not None and hasattr(context, "buffer"):
             tensors += [context.buffer, context.device_length]
-        return [t for t in tensors if t is not None]
+        self.run = compiled_entry(self.step, mode, [t for t in tensors if t is not None])
 
     def draft(self) -> DeviceTree:
         root = self.root

@@ -112,16 +112,13 @@ def prefill(
     if prompt.shape[0] < 2:
         raise ValueError("the prompt needs at least two tokens (a committed prefix and the first root)")
     feature_layers = drafter.feature_layers if drafter is not None else ()
-    if prefiller is not None and not set(feature_layers) <= set(prefiller.hidden_layers):
+    if prefiller is not None and feature_layers not in ((), prefiller.hidden_layers):
         raise ValueError(f"the prefiller keeps layers {prefiller.hidden_layers}, the drafter reads {feature_layers}")
     _sync(target.device)
     started = time.perf_counter()
     if prefiller is not None:
-        everything = prefiller(prompt[:-1])
+        features = prefiller(prompt[:-1])
         cache = prefiller.cache
-        width = everything.shape[-1] // max(len(prefiller.hidden_layers), 1)
-        keep = [prefiller.hidden_layers.index(layer) for layer in feature_layers]
-        features = torch.cat([everything[:, i * width : (i + 1) * width] for i in keep], dim=-1) if keep else None
     else:
         prompt = prompt.to(target.device)
         cache = target.new_cache()

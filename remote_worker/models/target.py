@@ -107,13 +107,7 @@ class TargetModel:
         """The tree through every layer (see `verify`); the LM head only if `logits`. Everything the layers
         need about the tree is built once (`cache.begin`), on the device."""
         ctx = cache.begin(tree, self.device, self.dtype)
-        h = self.embed(ctx.tokens)
-        if self.rope is not None:
-            ctx.rope = self.rope(ctx.positions, cache.length + tree.depth + 1, h)
-        states = self._layers(h, ctx, cache)
-        hidden = {index: states[index] for index in hidden_layers}
-        h = states[-1]
-        return VerifyOutput(logits=self.head(self.final_norm(h)) if logits else None, hidden=hidden)
+        return self._through_layers(ctx, cache, cache.length + tree.depth + 1, hidden_layers, logits)
 
     def compile_problem(self) -> str | None:
         """Why this model's layers cannot be one fixed-shape graph, or None. A mixture of experts runs the
@@ -145,9 +139,16 @@ class TargetModel:
         shapes that depend only on n and the cache's capacity: no device value is read, nothing grows. The LM
         head only if `logits` (a prefill needs none)."""
         ctx = cache.begin_fixed(tokens, parents, depths, depth, self.dtype)
+        return self._through_layers(ctx, cache, cache.capacity, hidden_layers, logits)
+
+    def _through_layers(
+        self, ctx: TreeContext, cache: HybridCache, positions: int, hidden_layers: tuple[int, ...], logits: bool
+    ) -> VerifyOutput:
+        """The round's tree (`ctx`) embedded, rotated (tables for `positions` positions) and through every
+        layer; the LM head only if `logits`."""
         h = self.embed(ctx.tokens)
         if self.rope is not None:
-            ctx.rope = self.rope(ctx.positions, cache.capacity, h)
+            ctx.rope = self.rope(ctx.positions, positions, h)
         states = self._layers(h, ctx, cache)
         hidden = {index: states[index] for index in hidden_layers}
         return VerifyOutput(logits=self.head(self.final_norm(states[-1])) if logits else None, hidden=hidden)
