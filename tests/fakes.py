@@ -179,6 +179,8 @@ class FakeHost:
             elif script == "ls":  # the run folders under $1
                 prefix = argv[4].rstrip("/") + "/"
                 out = "\n".join(sorted({p[len(prefix) :].split("/")[0] for p in self.files if p.startswith(prefix)}))
+            elif script == "size":  # the byte size of the file $1 (0 when it is missing)
+                out = f"{len(self.files.get(argv[4], b''))}\n"
             elif script == "workdir-check":
                 out = "checked /\nfree_kib 100000000\nwritable\n"
             else:

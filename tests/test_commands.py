@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -24,11 +25,17 @@ def test_detach_list_and_cancel(mlflow_server: MlflowServer, job_paths: JobPaths
     client = MlflowClient(tracking_uri=mlflow_server.uri)
     run = client.get_run(run_id)
     assert run.info.status == "RUNNING" and run.data.tags["orchestrator.detached"] == "true"
+    address = f"{mlflow_server.uri}/#/experiments/{run.info.experiment_id}/runs/{run_id}"
+    assert launched.stdout.splitlines()[-1] == address, launched.stdout  # as a followed run ends
     assert time.monotonic() - started < 60
 
+    events = run_dir / "events.jsonl"
+    while not (events.exists() and b'"progress"' in events.read_bytes()) and time.monotonic() - started < 60:
+        time.sleep(0.2)  # the worker's first progress event comes once its imports are done
     listed = run_orchestrator([*common, "list=true"], tmp_path)
     assert listed.returncode == 0 and run_id[:8] in listed.stdout and "running" in listed.stdout
     assert "tiny_trained" in listed.stdout  # from MLflow: the model, when it started
+    assert re.search(r" · \d+/\d+", " ".join(listed.stdout.split())), listed.stdout  # the host's last progress event
 
     logs = run_orchestrator([*common, "logs=last"], tmp_path)
     assert logs.returncode == 0 and "loaded tiny_trained" in logs.stdout, logs.stdout + logs.stderr

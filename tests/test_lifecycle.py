@@ -8,6 +8,7 @@ the terminal printed.
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,11 @@ from orchestrator import CONF_DIR
 from orchestrator.cli import app
 from orchestrator.config.settings import JobConfig
 from orchestrator.config.validation import validate
+from orchestrator.lifecycle.display import LiveProgress
 from orchestrator.lifecycle.errors import LocalFailure
+from orchestrator.lifecycle.follow import Follower, FollowSettings
+from orchestrator.stream.events import Event
+from orchestrator.stream.mirror import EventMirror
 from orchestrator.stream.sink import MlflowSink
 from orchestrator.stream.state import StateStore
 from orchestrator.tracking import tags
@@ -58,13 +63,18 @@ def tracking(monkeypatch: pytest.MonkeyPatch) -> FakeTracking:
 
 
 class Terminal:
-    def __init__(self) -> None:
+    def __init__(self, width: int = 200) -> None:
         self.buffer = io.StringIO()
-        self.console = Console(file=self.buffer, width=200, force_terminal=False)
+        self.console = Console(file=self.buffer, width=width, force_terminal=False)
 
     @property
     def text(self) -> str:
         return self.buffer.getvalue()
+
+    @property
+    def words(self) -> str:
+        """The text with every run of spaces and line breaks as one space: a sentence rich wrapped, whole."""
+        return " ".join(self.text.split())
 
 
 def run(config: JobConfig, host: FakeHost, terminal: Terminal | None = None) -> tuple[int, str]:
@@ -165,11 +175,43 @@ def test_attach_to_a_run_whose_worker_never_started_says_so(tmp_path: Path, trac
     assert job.status == "FAILED" and "the worker never started" in job.tags[tags.ERROR]
 
 
-def test_a_silent_worker_gets_one_line(tmp_path: Path, tracking: FakeTracking) -> None:
+def test_a_silent_worker_is_said_to_be_alive(tmp_path: Path, tracking: FakeTracking) -> None:
     host = FakeHost(FakeWorker(decode_log(rounds=2), silent_looks=400))
     code, out = run(job_config(tmp_path, "orchestrator.stall_warning_s=0.05"), host)
     assert code == 0, out
-    assert out.count("no event from the worker for") == 1 and "it is alive (pid 4242)" in out
+    assert "no event from the worker for" in out and "it is alive (pid 4242)" in out
+
+
+def test_a_silent_worker_is_mentioned_within_a_minute_then_as_the_silence_doubles(tmp_path: Path) -> None:
+    # The default config's first line, on a clock that moves one second each time the orchestrator looks
+    # (a status and a read per poll): a worker silent for 17 minutes (a large checkpoint loading), then talking.
+    host = FakeHost(FakeWorker(decode_log(rounds=2), silent_looks=1024))
+    host.run_dir, host.worker.state = "/host/work/runs/r1", "running"
+    host.files["/host/work/runs/r1/pid"] = b"4242\n"
+    clock = [0.0]
+    host.on_look = lambda _host: clock.__setitem__(0, clock[0] + 1.0)
+    terminal = Terminal(width=80)
+    settings = FollowSettings(
+        poll_interval_s=0.0,
+        reconnect_budget_s=1.0,
+        start_timeout_s=60.0,
+        stall_warning_s=job_config(tmp_path).orchestrator.stall_warning_s,
+        exit_grace_s=0.0,
+    )
+
+    class Applied:  # the tracking side is not what this test looks at
+        def apply(self, *, now: bool = False) -> bool:
+            return True
+
+    mirror = EventMirror(tmp_path / "mirror.jsonl", host.run_dir)
+    live = LiveProgress(terminal.console)
+    follower = Follower(host, host.run_dir, mirror, Applied(), live, settings, lambda: None, clock=lambda: clock[0])
+    assert follower.run().state == "exited"
+    said = [line for line in terminal.text.splitlines() if line.startswith("no event")]
+    assert said == [
+        f"no event from the worker for {silence}; it is alive (pid 4242)"
+        for silence in ("46 s", "90 s", "3 min", "6 min", "12 min")
+    ]
 
 
 def test_the_end_the_worker_recorded_decides_even_when_its_applier_died(tmp_path: Path, tracking: FakeTracking) -> None:
@@ -463,3 +505,140 @@ def test_every_command_on_an_unreachable_host_is_one_line(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("local: ") and "reset" in err[0], err
     assert the_run(tracking).status == "RUNNING"  # left exactly as it was
+
+
+# -- what the terminal shows: progress lines, the list, cancel and attach as the user reads them --------------
+
+
+def progress(seq: int, task: str, completed: int, total: int, message: str, scope: str | None = None) -> Event:
+    data = {"task": task, "completed": completed, "total": total, "message": message}
+    return Event(seq, 1_700_000_000.0 + seq, "progress", data, scope=scope)
+
+
+def test_a_progress_line_fits_80_columns_with_its_count_and_eta_whole() -> None:
+    # A long label and a long message: what gives way is the description (ending in …), never the count or
+    # the ETA. Twelve of 120 items in 12 s on the progress's clock: 88 to go at 1/s is an ETA of 0:01:28.
+    terminal = Terminal(width=80)
+    now = [0.0]
+    with LiveProgress(terminal.console, clock=lambda: now[0]) as live:
+        live.show(progress(0, "setup", 2, 2, "8 prompts × 5 methods"))
+        live.show(progress(1, "decode", 20, 120, "ddtree_tb32 · prompt 2/8", scope="ddtree_tb32"))
+        now[0] = 12.0
+        message = "[/INST] ddtree_tb32 · prompt 3/8 · tau 4.53 · 300 tok/s"  # the worker's text, not markup
+        live.show(progress(2, "decode", 32, 120, message, scope="ddtree_tb32"))
+    lines = terminal.text.splitlines()
+    assert all(len(line) <= 80 for line in lines), lines
+    decode = next(line for line in lines if "ddtree_tb32/decode" in line)
+    assert re.fullmatch(r"\S ddtree_tb32/decode [━╸╺ ]+ 32/120 \[/INST\] ddtree_tb32… 0:00:12 eta 0:01:28", decode)
+    setup = next(line for line in lines if " setup " in line)
+    assert re.fullmatch(r" +setup +━{10} +2/2 +8 prompts × 5 metho… 0:00:00 eta 0:00:00", setup), setup
+
+    wide = Terminal(width=200)  # with room, nothing is cut
+    with LiveProgress(wide.console, clock=lambda: now[0]) as live:
+        live.show(progress(2, "decode", 32, 120, message, scope="ddtree_tb32"))
+    assert f" 32/120 {message} " in wide.text and "…" not in wide.text
+
+
+def launched_and_left(tmp_path: Path, tracking: FakeTracking, lines: list[bytes], looks: int) -> FakeHost:
+    """A run started with detach=true whose worker then ran `looks` steps with nobody following it."""
+    host = FakeHost(FakeWorker(lines))
+    assert run(job_config(tmp_path, "detach=true"), host)[0] == 0
+    for _ in range(looks):
+        host._look()
+    return host
+
+
+def decode_with_progress() -> list[bytes]:
+    """A decode log as ddtree_gdn writes it: progress mid-way and at the end, then the best method's figures."""
+    lines = decode_log(rounds=3)
+    message = "ddtree_tb32 · prompt 3/8 · tau 4.53 · 300 tok/s"
+    middle = event_line(0, "progress", {"task": "decode", "completed": 12, "total": 40, "message": message})
+    done = event_line(0, "progress", {"task": "decode", "completed": 40, "total": 40, "message": "done"})
+    best = [event_line(0, "metrics", {"best.tau": 4.857}), event_line(0, "tags", {"best.method": "ddtree_tb64"})]
+    return renumber([*lines[:3], middle, *lines[3:-1], done, *best, lines[-1]])
+
+
+def test_list_shows_a_detached_runs_progress_from_the_host(tmp_path: Path, tracking: FakeTracking) -> None:
+    host = launched_and_left(tmp_path, tracking, decode_with_progress(), looks=4)
+    job = the_run(tracking)
+    terminal = Terminal(width=80)
+    code, out = run(job_config(tmp_path, "list=true"), host, terminal)
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[0] == "active runs on local" and all(len(line) <= 80 for line in lines), lines
+    row = next(line for line in lines if line.startswith(job.run_id[:8]))
+    assert re.match(rf"{job.run_id[:8]}  tiny_trained  \S+ +running +ddtree_tb32 · prompt 3/8 ·", row), row
+    assert "ddtree_tb32 · prompt 3/8 · tau 4.53 · 300 tok/s · 12/40" in terminal.words
+
+
+def test_list_says_a_run_whose_worker_ended_unrecorded_is_there_with_its_attach_command(
+    tmp_path: Path, tracking: FakeTracking
+) -> None:
+    host = launched_and_left(tmp_path, tracking, decode_with_progress(), looks=200)
+    assert host.worker.state == "exited"
+    job = the_run(tracking)
+    assert job.status == "RUNNING"  # nobody has applied its end
+    for command in ("list=true", "list=all"):
+        terminal = Terminal(width=80)
+        code, out = run(job_config(tmp_path, command), host, terminal)
+        assert code == 0 and "no active runs" not in out, out
+        assert all(len(line) <= 80 for line in out.splitlines() if "attach=" not in line), out
+        lines = out.splitlines()
+        at = next(i for i, line in enumerate(lines) if line.startswith(job.run_id[:8] + "  "))
+        assert "RUNNING" not in lines[at] and re.search(r" ended, not +4\.86 +done · 40/40", lines[at]), out
+        assert re.fullmatch(r" +recorded yet +ddtree_tb64 *", lines[at + 1]), out
+        attach = next(line for line in out.splitlines() if "attach=" in line)
+        assert attach == (
+            f"{job.run_id[:8]} ended, not recorded yet: python -m orchestrator attach={job.run_id} host=local "
+            "tracking=server tracking.uri=http://fake-mlflow:5000"
+        )
+
+
+def test_list_all_names_the_method_its_tau_is_of(tmp_path: Path, tracking: FakeTracking) -> None:
+    host = FakeHost(FakeWorker(decode_with_progress(), lines_per_look=5))
+    assert run(job_config(tmp_path), host)[0] == 0
+    job = the_run(tracking)
+    assert job.tags[tags.BEST_METHOD] == "ddtree_tb64"
+    terminal = Terminal(width=80)
+    code, out = run(job_config(tmp_path, "list=all"), host, terminal)
+    assert code == 0, out
+    row = next(line for line in out.splitlines() if line.startswith(job.run_id[:8]))
+    assert re.search(r" FINISHED +4\.86 ddtree_tb64", row), out
+
+
+@pytest.mark.parametrize("writes_its_end", [True, False], ids=["worker-ends-killed", "worker-gone-without-end"])
+def test_cancel_of_a_followed_run_is_a_cancel_on_both_terminals_and_in_mlflow(
+    tmp_path: Path, tracking: FakeTracking, writes_its_end: bool
+) -> None:
+    host = FakeHost(FakeWorker(decode_log(rounds=40), handles_sigterm=writes_its_end))
+    cancelling, cancelled = Terminal(width=80), []
+
+    def cancel_from_another_terminal(host: FakeHost) -> None:
+        if host.looks == 20 and not cancelled:
+            cancelled.append(run(job_config(tmp_path, f"cancel={the_run(tracking).run_id[:8]}"), host, cancelling)[0])
+
+    host.on_look = cancel_from_another_terminal
+    following = Terminal(width=80)
+    code, out = run(job_config(tmp_path), host, following)
+    job = the_run(tracking)
+    assert cancelled == [0] and code == 130, out
+    assert host.signals_sent() == (["-TERM"] if writes_its_end else ["-TERM", "-KILL"])
+    assert f"cancelled {job.run_id}: worker stopped; the orchestrator following it (pid " in cancelling.words
+    assert cancelling.words.endswith("ends the run KILLED (cancelled by the user)")
+    assert "the run was cancelled by the user (`cancel=` from another command)" in following.words
+    assert re.search(r"│ status +│ KILLED +│", out) and re.search(r"│ error +│ cancelled by the user +│", out), out
+    assert "signal" not in out and "disappeared" not in out and "worker error" not in out
+    assert job.status == "KILLED"
+    assert job.tags[tags.ERROR] == "cancelled by the user" and job.tags[tags.FAILURE_STAGE] == "cancel"
+    assert_exact(tracking, host)
+
+
+def test_detach_prints_the_runs_address_and_attach_names_the_runs_model(tmp_path: Path, tracking: FakeTracking) -> None:
+    host = FakeHost(FakeWorker(decode_log(rounds=40)))
+    code, out = run(job_config(tmp_path, "detach=true", "model=tiny_dense"), host, Terminal(width=80))
+    job = the_run(tracking)
+    assert code == 0, out
+    assert out.splitlines()[-1] == f"http://fake-mlflow:5000/#/experiments/{job.experiment_id}/runs/{job.run_id}"
+    code, out = run(job_config(tmp_path, f"attach={job.run_id[:8]}"), host)  # model= left at its default
+    assert code == 0, out
+    assert out.splitlines()[0] == f"attached to {job.run_id} on local · tiny_dense"

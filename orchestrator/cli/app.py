@@ -16,6 +16,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
@@ -24,18 +25,30 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 from rich.console import Console
+from rich.markup import escape
 
 from orchestrator.cli.listing import find_run, list_runs, print_logs
 from orchestrator.config.redaction import redact_hydra_outputs, redact_text
 from orchestrator.config.settings import Command, JobConfig
 from orchestrator.config.validation import ConfigError, validate
 from orchestrator.host.connect import transport_for
-from orchestrator.host.launch import run_dir_for, stop_worker
-from orchestrator.host.transport import Transport
+from orchestrator.host.launch import WorkerStatus, run_dir_for, stop_worker, worker_status
+from orchestrator.host.transport import CONNECTION_ERRORS, Transport
 from orchestrator.lifecycle.display import LiveProgress, summary_table
 from orchestrator.lifecycle.errors import HostLost, Interrupted, LocalFailure, PhaseFailed
 from orchestrator.lifecycle.interrupt import CtrlC
-from orchestrator.lifecycle.job import Job, conclude, follow, launch, lifecycle, open_host, preflight, sync
+from orchestrator.lifecycle.job import (
+    CANCELLED_BY_USER,
+    Job,
+    conclude,
+    follow,
+    launch,
+    lifecycle,
+    open_host,
+    preflight,
+    request_cancel,
+    sync,
+)
 from orchestrator.stream.state import StateStore, StreamState
 from orchestrator.sweep import Sweep, assign_host, current_sweep, record_job_error
 from orchestrator.tracking import tags
@@ -128,7 +141,8 @@ def attach_command_(config: JobConfig, console: Console, transport_for: Transpor
     """Follow a run started earlier, from where its event log was last read, to its end."""
     client = open_tracking(config.tracking)
     store = open_state(config)
-    experiment_id, state, started_s_ago = attached_state(client, store, config)
+    found = attached_state(client, store, config)
+    state = found.state
     if store.lock(state.run_id) is None:
         raise ConfigError(
             f"run {state.run_id} is followed by another orchestrator here (pid {store.holder(state.run_id)}); "
@@ -137,21 +151,27 @@ def attach_command_(config: JobConfig, console: Console, transport_for: Transpor
     transport = transport_for(config)
     if (code := _reach(config, transport)) is not None:
         return code
-    return _follow(config, console, client, store, transport, experiment_id, state, _attach_body, None, started_s_ago)
+    experiment_id, started_s_ago = found.experiment_id, found.started_s_ago
+    return _follow(
+        config, console, client, store, transport, experiment_id, state, _attach_body, None, started_s_ago, found.model
+    )
 
 
 def cancel_command(config: JobConfig, console: Console, transport_for: TransportFactory) -> int:
     """Stop a run's worker (SIGTERM, then SIGKILL), apply what it wrote last, end the run KILLED."""
     client = open_tracking(config.tracking)
     store = open_state(config)
-    experiment_id, state, _ = attached_state(client, store, config)
+    found = attached_state(client, store, config)
+    state = found.state
     transport = transport_for(config)
     if (code := _reach(config, transport)) is not None:
         return code
     if store.lock(state.run_id) is None:  # someone follows it: stop the worker, the follower ends the run
         return _stop_followed(config, console, transport, state, store.holder(state.run_id))
     # (the lock is let go by _follow, when this command is done with the run)
-    return _follow(config, console, client, store, transport, experiment_id, state, _cancel_body, None)
+    return _follow(
+        config, console, client, store, transport, found.experiment_id, state, _cancel_body, None, model=found.model
+    )
 
 
 def _reach(config: JobConfig, transport: Transport) -> int | None:
@@ -167,18 +187,35 @@ def _reach(config: JobConfig, transport: Transport) -> int | None:
 
 
 def _stop_followed(config: JobConfig, console: Console, transport: Transport, state: StreamState, pid: str) -> int:
+    """Another orchestrator follows the run: mark it cancelled and stop its worker; the follower reads the
+    mark and ends the run KILLED as cancelled by the user (not as a worker that died)."""
     try:
         transport.open()
-        final = stop_worker(transport, state.run_dir, config.orchestrator.kill_grace_s)
+        before = _mark_cancelled(transport, state.run_dir)
+        final = stop_worker(transport, state.run_dir, config.orchestrator.kill_grace_s) if before.alive else before
     except Exception as exc:  # noqa: BLE001 - one line, as every command's connect failure
         print(f"{config.host.name}: {exc}", file=sys.stderr)
         return RunStatus.FAILED.exit_code
     finally:
         transport.close()
-    console.print(
-        f"cancelled {state.run_id}: {final.describe()}; the orchestrator following it (pid {pid}) ends the run"
-    )
+    follower = f"the orchestrator following it (pid {pid})"
+    if not before.alive:
+        console.print(f"{state.run_id}: nothing to stop ({before.describe()}); {follower} ends the run")
+    elif final.alive:
+        print(f"{config.host.name}: the worker of {state.run_id} did not stop ({final.describe()})", file=sys.stderr)
+        return RunStatus.FAILED.exit_code
+    else:
+        console.print(f"cancelled {state.run_id}: worker stopped; {follower} ends the run KILLED ({CANCELLED_BY_USER})")
     return 0
+
+
+def _mark_cancelled(transport: Transport, run_dir: str) -> WorkerStatus:
+    """Leave the cancel mark in the run folder if the worker is still there to stop (a worker that had ended
+    or died on its own keeps that end); return the worker's status as found."""
+    status = worker_status(transport, run_dir)
+    if status.alive:
+        request_cancel(transport, run_dir)
+    return status
 
 
 def list_command(config: JobConfig, console: Console, transport_for: TransportFactory) -> int:
@@ -256,7 +293,9 @@ def _attach_body(job: Job) -> Outcome:
 def _cancel_body(job: Job) -> Outcome:
     open_host(job, leave_if_unreachable=True)
     job.launched = True
-    raise Interrupted("cancelled by the user")
+    with contextlib.suppress(*CONNECTION_ERRORS):  # the mark is for a later attach; this command ends the run
+        _mark_cancelled(job.transport, job.state.run_dir)
+    raise Interrupted(CANCELLED_BY_USER)
 
 
 # -- shared by the commands ---------------------------------------------------------------------------------
@@ -268,10 +307,18 @@ def open_state(config: JobConfig) -> StateStore:
     return store
 
 
-def attached_state(client: MlflowClient, store: StateStore, config: JobConfig) -> tuple[str, StreamState, float]:
-    """Where the last orchestrator of this run stopped: its state file, else the run's own tags.
+@dataclass(frozen=True)
+class Attached:
+    """A run started earlier, as `attach` and `cancel` pick it up."""
 
-    Returns the experiment, the stream state and how many seconds ago the run began."""
+    experiment_id: str
+    state: StreamState
+    started_s_ago: float  # for the start deadline
+    model: str  # the run's own (its `model` tag): the command line's `model=` is only its default
+
+
+def attached_state(client: MlflowClient, store: StateStore, config: JobConfig) -> Attached:
+    """Where the last orchestrator of this run stopped: its state file, else the run's own tags."""
     run_id = find_run(client, config)
     try:
         with outages_named():
@@ -292,7 +339,8 @@ def attached_state(client: MlflowClient, store: StateStore, config: JobConfig) -
             last_seq=int(run.data.tags.get(tags.LAST_SEQ, -1)),
             offset=int(run.data.tags.get(tags.OFFSET, 0)),
         )
-    return run.info.experiment_id, state, max(0.0, time.time() - run.info.start_time / 1000)
+    started_s_ago = max(0.0, time.time() - run.info.start_time / 1000)
+    return Attached(run.info.experiment_id, state, started_s_ago, run.data.tags.get(tags.MODEL) or "?")
 
 
 def _follow(
@@ -306,9 +354,12 @@ def _follow(
     body: Callable[[Job], Outcome],
     sweep: Sweep | None,
     started_s_ago: float = 0.0,
+    model: str | None = None,
 ) -> int:
+    """`model`: the run's own, for a run started earlier (else the config's, which is the run's)."""
     verb = {Command.ATTACH: "attached to", Command.CANCEL: "cancelling"}.get(config.command, "run")
-    console.print(f"[bold]{verb}[/bold] {state.run_id} on [bold]{config.host.name}[/bold] · {config.model_name}")
+    model = escape(model or config.model_name)
+    console.print(f"[bold]{verb}[/bold] {state.run_id} on [bold]{config.host.name}[/bold] · {model}")
     try:
         with LiveProgress(console) as live, CtrlC(console) as ctrl_c:
             job = Job(
@@ -344,6 +395,7 @@ def _report(console: Console, job: Job, outcome: Outcome) -> int:
         if config.command is Command.DETACH and not outcome.error:
             console.print("launched and detached; follow it with:")
             console.print(f"  {command}", soft_wrap=True, markup=False, highlight=False)
+            console.print(run_url(job.client, job.experiment_id, run_id), soft_wrap=True, markup=False, highlight=False)
             return 0
         console.print(f"[yellow]{outcome.error}[/yellow]")
         console.print("The run stays RUNNING in MLflow. Finish following it with:")

@@ -11,18 +11,26 @@ from dataclasses import dataclass
 
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
+from rich import box
+from rich.cells import cell_len
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from orchestrator.config.settings import JobConfig
 from orchestrator.config.validation import ConfigError
-from orchestrator.host.launch import STDERR_FILE, worker_status
+from orchestrator.host.launch import STDERR_FILE, WorkerStatus, worker_status
 from orchestrator.host.transport import Transport
-from orchestrator.stream.events import EVENTS_FILE, parse_chunk
+from orchestrator.stream.events import EVENTS_FILE, Event, parse_chunk
 from orchestrator.tracking import tags
 from orchestrator.tracking.client import outages_named
+from orchestrator.tracking.runs import attach_command
 
 MAX_RUNS = 1000
+UNRECORDED = "ended, not recorded yet"  # the worker is gone, the run RUNNING in MLflow: `attach` records its end
+WRAP_AT = 12  # the narrowest a wrapping column of the list gets (`ended, not` / `recorded yet`)
+PROGRESS_ROOM = 24  # what the list's progress column gets before the others wrap or give way
+LOG_TAIL_BYTES = 256 * 1024  # enough for the last progress event and the end's best.* lines
 
 
 def host_runs(client: MlflowClient, host: str) -> list[Run]:
@@ -66,60 +74,153 @@ class Listed:
     model: str
     started: float | None  # unix seconds
     ended: float | None
-    state: str  # the worker's (running, waiting) or the run's MLflow status
+    state: str  # the worker's (running, waiting), "ended, not recorded yet", or the run's MLflow status
     progress: str
     tau: str
 
 
+@dataclass(frozen=True)
+class LogReport:
+    """What a run's own event log on the host says: where the worker is, and its best method's tau once the
+    worker has reported it. Read from the host, since a detached run's MLflow tags wait for an `attach`."""
+
+    progress: str = ""
+    tau: str = ""
+    ended: float | None = None  # the worker's `end` event's time
+
+
 def list_runs(console: Console, transport: Transport, config: JobConfig, client: MlflowClient | None) -> int:
-    """The runs whose worker is alive on the host (with `list_all`, every run of the host in MLflow too)."""
+    """The runs whose worker is alive on the host, and those whose worker has ended while MLflow still says
+    RUNNING (nobody recorded the end: `attach` does); with `list_all`, every run of the host in MLflow too."""
     runs_dir = posixpath.join(config.host.workdir, "runs")
     names = transport.run(["sh", "-c", 'ls -1 "$1" 2>/dev/null || true', "ls", runs_dir]).stdout.split()
-    alive = {}
+    known = {r.info.run_id: r for r in host_runs(client, config.host.name)} if client is not None else {}
+    active: dict[str, str] = {}  # run id: what the list says of its worker
     for name in sorted(names):
         status = worker_status(transport, posixpath.join(runs_dir, name))
         if status.alive:
-            alive[name] = status.state
-    known = {r.info.run_id: r for r in host_runs(client, config.host.name)} if client is not None else {}
-    rows = [_listed(run_id, known.get(run_id), state) for run_id, state in alive.items()]
+            active[name] = status.state
+        elif _unrecorded(status, known.get(name)):
+            active[name] = UNRECORDED
+    rows = [
+        _listed(run_id, known.get(run_id), state, read_log_report(transport, posixpath.join(runs_dir, run_id)))
+        for run_id, state in active.items()
+    ]
     if config.list_all:
-        rows += [_listed(run_id, run, None) for run_id, run in known.items() if run_id not in alive]
+        rows += [_listed(run_id, run, None, None) for run_id, run in known.items() if run_id not in active]
     what = "runs" if config.list_all else "active runs"
     if not rows:
         console.print(f"no {what} on {config.host.name} (under {runs_dir})")
         return 0
-    table = Table(title=f"{what} on {config.host.name}", title_justify="left")
-    for column in ("run", "model", "started", "elapsed", "state", "progress", "tau"):
-        table.add_column(column, no_wrap=column in ("run", "started", "elapsed"))
+    console.print(f"[bold]{what} on {escape(config.host.name)}[/bold]")
+    console.print(runs_table(rows, console.width, started=config.list_all))
     for row in rows:
-        table.add_row(
-            row.run_id[:8],
-            row.model,
-            _clock(row.started),
-            _elapsed(row.started, row.ended),
-            row.state,
-            row.progress,
-            row.tau,
-        )
-    console.print(table)
+        if row.state == UNRECORDED:  # the whole command, never folded: it is to be pasted
+            line = f"{row.run_id[:8]} {UNRECORDED}: {attach_command(config, row.run_id)}"
+            console.print(line, soft_wrap=True, markup=False, highlight=False)
     console.print("(a run is named by these 8 characters in attach=, cancel= and logs=)", style="dim")
     return 0
 
 
-def _listed(run_id: str, run: Run | None, worker_state: str | None) -> Listed:
+def runs_table(rows: list[Listed], width: int, *, started: bool) -> Table:
+    """The rows as a table that fits `width` without cutting a word (left to itself, rich narrows every column
+    alike and cuts run ids and method names to `ddtree_…`): the progress, last, takes the room the others
+    leave and wraps; where that is too little, the state and tau wrap at spaces, then `started` goes.
+    Without any progress to show (finished runs only), there is no progress column."""
+    cells = [
+        {
+            "run": row.run_id[:8],
+            "model": row.model,
+            "started": _clock(row.started),
+            "elapsed": _elapsed(row.started, row.ended),
+            "state": row.state,
+            "tau": row.tau,
+            "progress": row.progress,
+        }
+        for row in rows
+    ]
+    names = ["run", "model", *(["started"] * started), "elapsed", "state", "tau"]
+    names += ["progress"] * any(cell["progress"] for cell in cells)  # none: its room goes to the rest
+    widths = {name: max(cell_len(text) for text in [name, *(cell[name] for cell in cells)]) for name in names}
+    wanted = min(widths.get("progress", 0), PROGRESS_ROOM)
+
+    def room() -> int:
+        return width - sum(widths[name] for name in names if name != "progress") - 2 * (len(names) - 1)
+
+    if room() < wanted:
+        for name in ("state", "tau"):
+            longest_word = max(cell_len(word) for text in [name, *(c[name] for c in cells)] for word in text.split())
+            widths[name] = min(widths[name], max(WRAP_AT, longest_word))
+    if room() < wanted and started:
+        names.remove("started")
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
+    for name in names:
+        if name == "progress":
+            table.add_column(name, max_width=room() if room() >= WRAP_AT else None)
+        else:
+            table.add_column(name, width=widths[name], no_wrap=name not in ("state", "tau"))
+    for cell in cells:
+        table.add_row(*(cell[name] for name in names))
+    return table
+
+
+def _unrecorded(status: WorkerStatus, run: Run | None) -> bool:
+    """The worker is gone but its run is RUNNING in MLflow: its end waits for `attach` to record it."""
+    return status.state in ("exited", "vanished") and run is not None and run.info.status == "RUNNING"
+
+
+def _listed(run_id: str, run: Run | None, worker_state: str | None, report: LogReport | None) -> Listed:
+    """One row: a run with a worker on the host (`worker_state`, `report` from its log) or one only in MLflow."""
+    report = report or LogReport()
     if run is None:
-        return Listed(run_id, "?", None, None, worker_state or "?", "", "")
+        return Listed(run_id, "?", None, None, worker_state or "?", report.progress, report.tau)
     data, info = run.data, run.info
-    tau = data.metrics.get("best.tau")
+    tau = _tau(data.metrics.get("best.tau"), data.tags.get(tags.BEST_METHOD))
     return Listed(
         run_id,
         data.tags.get(tags.MODEL, "?"),
         info.start_time / 1000 if info.start_time else None,
-        info.end_time / 1000 if info.end_time else None,
+        report.ended or (info.end_time / 1000 if info.end_time else None),
         worker_state or info.status,
-        data.tags.get(tags.PROGRESS, "") if worker_state else "",
-        f"{tau:.2f}" if tau is not None else "",
+        report.progress,
+        report.tau or tau,
     )
+
+
+def _tau(value: object, method: object) -> str:
+    """`4.86 ddtree_tb64`: the best drafting method's tau, named (each method has its own)."""
+    if not isinstance(value, (int, float)):
+        return ""
+    return f"{value:.2f} {method}" if method else f"{value:.2f}"
+
+
+def read_log_report(transport: Transport, run_dir: str) -> LogReport:
+    """The last progress event and the best method's tau, from the tail of the run's events.jsonl."""
+    path = posixpath.join(run_dir, EVENTS_FILE)
+    size = transport.run(["sh", "-c", 'wc -c 2>/dev/null < "$1" || echo 0', "size", path]).stdout.strip()
+    start = max(0, int(size) - LOG_TAIL_BYTES) if size.isdigit() else 0
+    events, _cut_first_line, _ = parse_chunk(transport.read_bytes(path, start, LOG_TAIL_BYTES), start)
+    tau = _tau(_last(events, "metrics", "best.tau"), _last(events, "tags", tags.BEST_METHOD))
+    end = next((event for event in reversed(events) if event.kind == "end"), None)
+    return LogReport(_progress(events), tau, end.t if end is not None else None)
+
+
+def _last(events: list[Event], kind: str, key: str) -> object:
+    """The last value of `key` in the job's own events of `kind` (None if there is none)."""
+    for event in reversed(events):
+        if event.kind == kind and event.scope is None and isinstance(event.data, dict) and key in event.data:
+            return event.data[key]
+    return None
+
+
+def _progress(events: list[Event]) -> str:
+    """`ddtree_tb32 · prompt 3/8 · tau 4.53 · 300 tok/s · 12/40`, as the run's `progress` tag says it."""
+    for event in reversed(events):
+        if event.kind == "progress" and isinstance(event.data, dict):
+            data = event.data
+            message = str(data.get("message") or data.get("task") or "")
+            return f"{message} · {data.get('completed', '?')}/{data.get('total', '?')}"
+    return ""
 
 
 def _clock(started: float | None) -> str:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
     SpinnerColumn,
+    Task,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
@@ -20,23 +23,71 @@ from rich.table import Table
 from orchestrator.stream.events import Event
 from orchestrator.tracking.status import STATUS_STYLE
 
+BAR_MIN, BAR_MAX = 10, 40
+_LABEL, _BAR, _DESCRIPTION = 1, 2, 4  # the columns of a progress line that give way when it is too long
+
+
+def fit_widths(width: int, fixed: int, label: int, description: int) -> tuple[int, int, int]:
+    """The label's, the bar's and the description's widths on a line of `width` characters whose other
+    columns (the count, the times, the gaps between columns) take `fixed`.
+
+    Those others are never cut: a count cut to `32/…` or an ETA cut to `0:00:…` says nothing. The label keeps
+    up to two fifths of the rest, the description what a bar of BAR_MIN leaves, the bar the remainder (at
+    most BAR_MAX); a label or a description longer than its width ends in `…`."""
+    room = max(width - fixed, 0)
+    label_width = min(label, room * 2 // 5)
+    room -= label_width
+    description_width = min(description, max(room - BAR_MIN, 0))
+    return label_width, max(min(BAR_MAX, room - description_width), 0), description_width
+
+
+class _FittedProgress(Progress):
+    """rich's Progress with its lines fitted to the terminal by `fit_widths`: left to itself, rich narrows
+    every column alike and cuts the count and the ETA first."""
+
+    def make_tasks_table(self, tasks: Iterable[Task]) -> Table:
+        rows = [
+            [column.format(task=task) if isinstance(column, str) else column(task) for column in self.columns]
+            for task in tasks
+            if task.visible
+        ]
+        if not rows:  # also while rich builds its first frame, before there is a console to ask
+            return Table.grid()
+        options = self.console.options
+        widths = [
+            max((Measurement.get(self.console, options, row[index]).maximum for row in rows), default=0)
+            for index in range(len(self.columns))
+        ]
+        fixed = sum(w for i, w in enumerate(widths) if i not in (_LABEL, _BAR, _DESCRIPTION)) + len(widths) - 1
+        label, bar, description = fit_widths(options.max_width, fixed, widths[_LABEL], widths[_DESCRIPTION])
+        fitted = {_LABEL: label, _BAR: bar, _DESCRIPTION: description}
+        table = Table.grid(padding=(0, 1))
+        for index in range(len(self.columns)):
+            table.add_column(no_wrap=True, overflow="ellipsis", width=fitted.get(index))
+        for row in rows:
+            table.add_row(*row)
+        return table
+
 
 class LiveProgress:
-    """One bar per (scope, task) the worker reports; log lines and errors printed above the bars."""
+    """One bar per (scope, task) the worker reports; log lines and errors printed above the bars.
 
-    def __init__(self, console: Console) -> None:
+    Each line fits the terminal (see `fit_widths`); the worker's text is never read as markup."""
+
+    def __init__(self, console: Console, clock: Callable[[], float] | None = None) -> None:
         self.console = console
-        self._progress = Progress(
+        self._progress = _FittedProgress(
             SpinnerColumn(),
-            TextColumn("[bold]{task.fields[label]}"),
-            BarColumn(),
+            TextColumn("{task.fields[label]}", style="bold", markup=False),
+            BarColumn(bar_width=None),
             MofNCompleteColumn(),
-            TextColumn("{task.description}"),
+            TextColumn("{task.description}", markup=False),
             TimeElapsedColumn(),
             TextColumn("eta"),
             TimeRemainingColumn(),
             console=console,
             transient=False,
+            get_time=clock,  # the elapsed time and the ETA's rate: a test's clock, else rich's monotonic one
         )
         self._tasks: dict[tuple[str | None, str], Any] = {}
 

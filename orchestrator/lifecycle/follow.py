@@ -113,8 +113,33 @@ class FollowSettings:
     poll_interval_s: float
     reconnect_budget_s: float
     start_timeout_s: float
-    stall_warning_s: float
+    stall_warning_s: float  # the first "no event" line; the next ones come after twice the silence (see Silence)
     exit_grace_s: float  # after `end`, how long the worker may take to close its files
+
+
+class Silence:
+    """When to say that a live worker writes nothing: first after `first_s` (so a user who sees no progress
+    is told within a minute that the worker is alive), then each time the silence has doubled, at most
+    MAX_GAP_S apart (a 27B checkpoint may load for many minutes: a line every poll would bury the rest)."""
+
+    MAX_GAP_S = 15 * 60.0
+
+    def __init__(self, first_s: float, now: float) -> None:
+        self.first_s = first_s
+        self.heard(now)
+
+    def heard(self, now: float) -> None:
+        """The worker wrote something: the silence, and its schedule, start again."""
+        self.since, self.next_s = now, self.first_s
+
+    def due(self, now: float) -> float | None:
+        """How long the worker has been silent, when that is worth a line now; else None."""
+        silent = now - self.since
+        if silent < self.next_s:
+            return None
+        while self.next_s <= silent:
+            self.next_s += min(max(self.next_s, 1e-3), self.MAX_GAP_S)
+        return silent
 
 
 class Follower:
@@ -127,13 +152,15 @@ class Follower:
         live: LiveProgress,
         settings: FollowSettings,
         check_interrupt: Callable[[], None],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.transport, self.run_dir, self.mirror, self.applier = transport, run_dir, mirror, applier
         self.live, self.settings, self.check_interrupt = live, settings, check_interrupt
         self.reconnect = Reconnect(transport, settings.reconnect_budget_s, live.note)
-        self._started_at = time.monotonic()
+        self.clock = clock
+        self._started_at = clock()
         self._said_waiting = False
-        self._said_stalled = False
+        self._silence = Silence(settings.stall_warning_s, self._started_at)
 
     def pull(self) -> int:
         """Copy new bytes from the host, show the new events; connection errors propagate."""
@@ -144,7 +171,7 @@ class Follower:
         for event in events:
             self.live.show(event)
         if added:
-            self._said_stalled = False
+            self._silence.heard(self.clock())
         return added
 
     def run(self) -> WorkerStatus:
@@ -198,21 +225,22 @@ class Follower:
 
     def _watch(self, status: WorkerStatus) -> None:
         """No wait without a word: a worker that never starts, waits for a GPU, or falls silent."""
-        if status.state == "starting" and time.monotonic() - self._started_at > self.settings.start_timeout_s:
+        if status.state == "starting" and self.clock() - self._started_at > self.settings.start_timeout_s:
             raise PhaseFailed(
                 Stage.LAUNCH,
                 f"the worker never started: no pid file in {self.run_dir} after "
                 f"{self.settings.start_timeout_s:g}s (orchestrator.start_timeout_s)",
             )
-        if status.state == "waiting" and not self._said_waiting:
-            self.live.note(f"[yellow]every GPU of {self.transport.name} is leased; waiting for one to be free[/yellow]")
-            self._said_waiting = True
-        silent = self.mirror.seconds_silent()
-        if status.state == "running" and silent >= self.settings.stall_warning_s and not self._said_stalled:
+        if status.state == "waiting":  # said once; not a silence either: the worker has not begun
+            if not self._said_waiting:
+                self.live.note(f"[yellow]every GPU of {self.transport.name} is leased; waiting for one to be free[/]")
+                self._said_waiting = True
+            self._silence.heard(self.clock())
+        silent = self._silence.due(self.clock()) if status.state == "running" else None
+        if silent is not None:
             self.live.note(
                 f"[yellow]no event from the worker for {_duration(silent)}; it is alive (pid {status.pid})[/yellow]"
             )
-            self._said_stalled = True
 
 
 def _duration(seconds: float) -> str:

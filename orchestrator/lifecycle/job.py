@@ -54,6 +54,8 @@ from orchestrator.tracking.status import Outcome, RunStatus, Stage
 from remote_worker.prompt_set import RUN_PROMPTS_FILE
 
 STDERR_TAIL_LINES = 20
+CANCEL_REQUEST_FILE = "cancel_requested"  # left in the run folder by `cancel` before it stops the worker
+CANCELLED_BY_USER = "cancelled by the user"
 GENERATIONS_FILE = "generations.jsonl"  # written by experiment=ddtree_gdn, one row per prompt
 GENERATIONS_TABLE = "generations_table.json"
 
@@ -207,11 +209,30 @@ def follow(job: Job) -> WorkerStatus:
     return follower.run()
 
 
+def request_cancel(transport: Transport, run_dir: str) -> None:
+    """Mark the run as cancelled by the user, before its worker is stopped: whoever follows it (another
+    orchestrator now, an `attach` later) then reads the stop as the cancel it was, not as a crash."""
+    transport.write_file(posixpath.join(run_dir, CANCEL_REQUEST_FILE), f"{CANCELLED_BY_USER}\n".encode(), 0o600)
+
+
+def _cancel_requested(job: Job) -> bool:
+    path = posixpath.join(job.state.run_dir, CANCEL_REQUEST_FILE)
+    return bool(_quietly(lambda: job.transport.read_bytes(path, 0, 64).decode(errors="replace")))
+
+
 def conclude(job: Job, status: WorkerStatus) -> Outcome:
-    """How the worker ended, from what it recorded: its `end` event first, its exit code otherwise."""
+    """How the worker ended, from what it recorded: its `end` event first, its exit code otherwise.
+
+    A worker stopped (or gone) after `cancel` marked the run ends KILLED as the user's cancel; one whose
+    `end` says it finished or failed on its own keeps that."""
     end = job.mirror.end
+    data = end.data if end is not None and isinstance(end.data, dict) else {}
+    on_its_own = end is not None and RunStatus.from_worker(data.get("status")) is not RunStatus.KILLED
+    if not on_its_own and _cancel_requested(job):
+        if job.config.command.value != "cancel":  # the cancel command itself says it its own way
+            job.live.note("[yellow]the run was cancelled by the user (`cancel=` from another command)[/yellow]")
+        return Outcome(RunStatus.KILLED, CANCELLED_BY_USER, Stage.CANCEL)
     if end is not None:
-        data = end.data if isinstance(end.data, dict) else {}
         job.summary = dict(data.get("summary") or {})
         worker_status_ = RunStatus.from_worker(data.get("status"))
         error = None if worker_status_ is RunStatus.FINISHED else str(data.get("error") or "the worker said so")
