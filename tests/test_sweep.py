@@ -88,6 +88,16 @@ def test_a_parallel_sweep_is_one_parent_run_with_a_child_per_job(mlflow_server: 
     assert "4 jobs, each a child run" in result.stdout
     names = sorted(j.info.run_name.split(" · ")[0] for j in jobs)  # what the sweep varies, in each name
     assert names == ["tiny_dense T=0", "tiny_dense T=1", "tiny_hybrid T=0", "tiny_hybrid T=1"]
+    # The parent's own page: what it varies in its name, the answer and the table as its description, the grid.
+    assert parent.info.run_name.startswith("sweep of model × temperature · 4 jobs · ")
+    note = parent.data.tags["mlflow.note.content"].splitlines()
+    assert note[0] == "**Sweep FINISHED: 4 of 4 jobs finished** · varies model, temperature"
+    assert note[2].startswith("Fastest: job #") and len(note) == 6 + 4 * 4
+    assert parent.data.params["grid.model"] == "tiny_hybrid,tiny_dense"
+    assert parent.data.params["grid.decode.temperature"] == "0,1"
+    assert "job0.ddtree_tb8.tau" in parent.data.metrics
+    url = f"sweep run: {mlflow_server.uri}/#/experiments/{parent.info.experiment_id}/runs/{parent.info.run_id}"
+    assert result.stdout.count(url) == 2  # at its start and at its end
 
 
 def test_concurrent_jobs_never_share_a_gpu_slot(mlflow_server: MlflowServer, tmp_path: Path) -> None:

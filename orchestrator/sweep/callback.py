@@ -33,14 +33,15 @@ class SweepCallback(Callback):
     Hydra instantiates callbacks for every run, so MLflow is imported only when a multirun uses it."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from orchestrator.tracking.runs import ensure_experiment
+        from orchestrator.tracking.runs import ensure_experiment, run_url
 
         client = _client(config)
         experiment_id = ensure_experiment(client, str(config.experiment.name), config.tracking.get("artifact_root"))
         hydra_cfg = config.hydra  # HydraConfig is not set yet when a multirun starts
+        jobs, swept = _grid(config)
         run = client.create_run(
             experiment_id,
-            run_name=f"sweep-{time.strftime('%m%d-%H%M%S')}",
+            run_name=sweep_name(swept, jobs),
             tags={
                 tags.ROLE: "sweep",
                 tags.HYDRA_OVERRIDES: overrides_tag(hydra_cfg.overrides.task),
@@ -51,7 +52,6 @@ class SweepCallback(Callback):
         folder = Path(str(hydra_cfg.sweep.dir)).absolute()
         folder.mkdir(parents=True, exist_ok=True)
         (folder / CANCELLED_FILE).unlink(missing_ok=True)  # a sweep folder given again: forget the last sweep
-        jobs, swept = _grid(config)
         record = {
             "parent_run_id": run.info.run_id,
             "experiment_id": experiment_id,
@@ -62,6 +62,12 @@ class SweepCallback(Callback):
         (folder / SWEEP_FILE).write_text(json.dumps(record) + "\n", encoding="utf-8")
         count = f"{jobs} jobs" if jobs else "jobs"
         Console().print(f"[bold]sweep[/bold] {run.info.run_id} · {count}, each a child run · {folder}")
+        Console().print(
+            f"sweep run: {run_url(client, experiment_id, run.info.run_id)}",
+            soft_wrap=True,
+            markup=False,
+            highlight=False,
+        )
         self._sweep = Sweep(folder, run.info.run_id, -1, bool(config.sweep.fail_fast))
         self._previous_handler = signal.signal(signal.SIGINT, self._interrupted)
 
@@ -91,8 +97,16 @@ class SweepCallback(Callback):
             record["parent_run_id"],
             Console(),
             runless_jobs(folder, record["started"] - 1.0),  # 1 s for file systems with coarse times
+            list(record.get("swept") or []),
         )
         last_exit_code = RunStatus(status).exit_code
+
+
+def sweep_name(swept: list[str], jobs: int | None) -> str:
+    """`sweep of block_size × temperature · 8 jobs · 12-04 13:05`: what it varies first, as a job's name."""
+    what = " × ".join(key.rsplit(".", 1)[-1] for key in swept) or "the defaults"
+    count = f" · {jobs} jobs" if jobs else ""
+    return f"sweep of {what}{count} · {time.strftime('%m-%d %H:%M')}"
 
 
 def _grid(config: DictConfig) -> tuple[int | None, list[str]]:

@@ -15,18 +15,25 @@ from orchestrator.tracking.plots import budget_axis, save_figure
 
 
 def plot_sweep(rows: list[Row], out_dir: Path) -> list[Path]:
+    """The sweep's figure as `sweep_tau_speedup_vs_budget.png` in `out_dir` (none when no job ran DDTree)."""
+    fig = draw_sweep(rows)
+    return [] if fig is None else [save_figure(fig, out_dir / "sweep_tau_speedup_vs_budget.png")]
+
+
+def draw_sweep(rows: list[Row]) -> plt.Figure | None:
     """tau and speedup against tree budget, one row of panels per model and one line per job; each job's
-    DFlash as a dashed line of the same colour; the legend beside the panels, never over the data."""
+    DFlash as a dashed line of the same colour and AR (tau 1, speedup 1) dotted, on both panels; the legend
+    beside the panels, never over the data."""
     lines: dict[str, dict[str, list[Row]]] = defaultdict(lambda: defaultdict(list))
     dflash: dict[str, dict[str, Row]] = defaultdict(dict)
     for row in rows:
         label = f"#{row.job} {_without_model(row.varies)}"
-        if row.tree_budget is not None and row.tau is not None:
+        if row.kind == "ddtree" and row.tree_budget is not None and row.tau is not None:
             lines[row.model][label].append(row)
-        elif row.method == "dflash" and row.tau is not None:
+        elif row.kind == "dflash" and row.tau is not None:
             dflash[row.model][label] = row
     if not lines:
-        return []
+        return None
     fig, axes = plt.subplots(len(lines), 2, figsize=(13, 3.8 * len(lines)), squeeze=False)
     for (model, jobs), panels in zip(sorted(lines.items()), axes, strict=True):
         budgets = sorted({r.tree_budget for points in jobs.values() for r in points if r.tree_budget})
@@ -40,14 +47,13 @@ def plot_sweep(rows: list[Row], out_dir: Path) -> list[Path]:
                 reference = dflash[model].get(job)
                 if reference is not None and getattr(reference, key) is not None:
                     axis.axhline(getattr(reference, key), linestyle="--", color=line.get_color(), linewidth=1)
-            if key == "speedup_vs_ar":
-                axis.axhline(1.0, linestyle=":", color="grey")
+            axis.axhline(1.0, linestyle=":", color="grey")  # AR: one token per round, speedup 1 by definition
             budget_axis(axis, budgets)
             axis.set_ylabel(label)
             axis.set_title(f"{model} (dashed: DFlash; dotted: AR)", fontsize="small")
         panels[1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
     fig.tight_layout()
-    return [save_figure(fig, out_dir / "sweep_tau_speedup_vs_budget.png")]
+    return fig
 
 
 def _without_model(overrides: str) -> str:

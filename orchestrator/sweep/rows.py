@@ -19,13 +19,30 @@ class Row:
     model: str
     overrides: str
     varies: str = ""  # the overrides that differ between the jobs of the sweep
-    method: str = ""
+    method: str = ""  # the method run's scope: ar, dflash, ddtree_tb32
+    kind: str = ""  # ar, dflash or ddtree
     tree_budget: int | None = None
     tau: float | None = None
     speedup_vs_ar: float | None = None
     tokens_per_s: float | None = None
     lossless: float | None = None
+    repeats: int | None = None  # decode passes per prompt behind the figures (their medians)
     error: str = ""
+
+    def settings(self) -> dict[str, str]:
+        """The varying overrides as key → value: `{"decode.block_size": "8"}`."""
+        return dict(o.partition("=")[::2] for o in self.varies.split())
+
+
+def varying_keys(rows: list[Row]) -> list[str]:
+    """The keys the sweep's jobs differ in, in the order the overrides give them."""
+    return list(dict.fromkeys(key for row in rows for key in row.settings()))
+
+
+def short_names(keys: list[str]) -> dict[str, str]:
+    """`decode.block_size` → `block_size`: each key's last part, the whole key where two would read alike."""
+    last = [key.rsplit(".", 1)[-1] for key in keys]
+    return {key: short if last.count(short) == 1 else key for key, short in zip(keys, last, strict=True)}
 
 
 def _children(client: MlflowClient, experiment_ids: list[str], parent: str) -> list[Run]:
@@ -55,12 +72,15 @@ def sweep_rows(client: MlflowClient, parent_run_id: str) -> list[Row]:
         if not methods:
             rows.append(Row(**base))
         for method in sorted(methods, key=_method_order):
-            budget = method.data.params.get("tree_budget")
+            kind = method.data.params.get("method", "")
+            budget = method.data.params.get("tree_budget") if kind == "ddtree" else None  # AR and DFlash log 0
             values = {k: method.data.metrics.get(k) for k in METRICS}
             rows.append(
                 Row(
                     **base,
                     method=method.data.tags.get(mlflow_tags.SCOPE, method.info.run_name or ""),
+                    kind=kind,
+                    repeats=int(method.data.params["repeats"]) if method.data.params.get("repeats") else None,
                     tree_budget=int(budget) if budget not in (None, "None", "") else None,
                     **values,
                 )

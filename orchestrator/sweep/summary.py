@@ -8,27 +8,25 @@ from __future__ import annotations
 
 import csv
 import tempfile
+import time
 from dataclasses import fields
 from pathlib import Path
 
+from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from orchestrator.sweep.page import FIGURES, description, fastest, figure_cells, grid_params, job_metrics
 from orchestrator.sweep.plot import plot_sweep
-from orchestrator.sweep.rows import Row, sweep_rows
+from orchestrator.sweep.rows import Row, short_names, sweep_rows, varying_keys
 from orchestrator.tracking import tags as mlflow_tags
+from orchestrator.tracking.runs import run_url
 from orchestrator.tracking.status import STATUS_STYLE
 
 CSV_FILE, MARKDOWN_FILE = "sweep_summary.csv", "sweep_summary.md"
-
-
-def _cell(value: object) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return f"{value:.3g}"
-    return str(value)
+MAX_METRICS_PER_BATCH = 900  # MLflow takes 1000 metrics, params and tags together in one log_batch
 
 
 def write_csv(rows: list[Row], path: Path) -> None:
@@ -38,15 +36,6 @@ def write_csv(rows: list[Row], path: Path) -> None:
         writer.writerow(names)
         for row in rows:
             writer.writerow(["" if getattr(row, n) is None else getattr(row, n) for n in names])
-
-
-def write_markdown(rows: list[Row], path: Path) -> None:
-    names = [f.name for f in fields(Row) if f.name != "overrides"]  # the CSV has them all
-    lines = ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
-    for row in rows:
-        cells = [_cell(getattr(row, n)).replace("|", "\\|") for n in names]
-        lines.append("| " + " | ".join(cells) + " |")
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 def sweep_status(rows: list[Row]) -> str:
@@ -59,12 +48,18 @@ def sweep_status(rows: list[Row]) -> str:
 
 
 def summarize_sweep(
-    client: MlflowClient, experiment_id: str, parent_run_id: str, console: Console, job_dirs: dict[int, str]
+    client: MlflowClient,
+    experiment_id: str,
+    parent_run_id: str,
+    console: Console,
+    job_dirs: dict[int, str],
+    swept: list[str] | None = None,
 ) -> str:
-    """Log the summary into the parent run, end it, print the table; return the sweep's status.
+    """Give the parent run its page (description, the grid as params, every job's headline metrics, the
+    table as files, the plot), end it, print the table and its address; return the sweep's status.
 
     `job_dirs` maps every job Hydra launched to the error it recorded before it had a run (or ""): a job
-    without a run is a FAILED row, never a silent gap."""
+    without a run is a FAILED row, never a silent gap. `swept` are the keys the sweep varies."""
     rows = sweep_rows(client, parent_run_id)
     with_runs = {row.job for row in rows}
     for job, error in sorted(job_dirs.items()):
@@ -76,47 +71,73 @@ def summarize_sweep(
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         write_csv(rows, folder / CSV_FILE)
-        write_markdown(rows, folder / MARKDOWN_FILE)
+        page = description(rows, status)
+        (folder / MARKDOWN_FILE).write_text(page, encoding="utf-8")
         client.log_artifact(parent_run_id, str(folder / CSV_FILE))
         client.log_artifact(parent_run_id, str(folder / MARKDOWN_FILE))
         for figure in plot_sweep(rows, folder):
             client.log_artifact(parent_run_id, str(figure), artifact_path="plots")
     jobs = {row.job: row for row in rows}
     failed = [row for row in jobs.values() if row.status != "FINISHED"]
-    client.set_tag(parent_run_id, mlflow_tags.SWEEP_JOBS, str(len(jobs)))
-    client.set_tag(parent_run_id, mlflow_tags.SWEEP_NOT_FINISHED, str(len(failed)))
+    run_tags = [
+        RunTag(mlflow_tags.NOTE, page),
+        RunTag(mlflow_tags.SWEEP_JOBS, str(len(jobs))),
+        RunTag(mlflow_tags.SWEEP_NOT_FINISHED, str(len(failed))),
+    ]
+    best = fastest(rows)
+    if best is not None:
+        run_tags += [
+            RunTag(mlflow_tags.BEST_METHOD, best.row.method),
+            RunTag(mlflow_tags.SWEEP_BEST_JOB, str(best.row.job)),
+        ]
+    now = int(time.time() * 1000)
+    metrics = [Metric(key, value, now, 0) for key, value in job_metrics(rows).items()]
+    params = [Param(f"grid.{key}", values) for key, values in grid_params(rows, swept or []).items()]
+    for start in range(0, max(len(metrics), 1), MAX_METRICS_PER_BATCH):  # tags and params ride the first
+        first = start == 0
+        client.log_batch(
+            parent_run_id,
+            metrics=metrics[start : start + MAX_METRICS_PER_BATCH],
+            params=params if first else [],
+            tags=run_tags if first else [],
+        )
     client.set_terminated(parent_run_id, status)
     console.print(_table(rows, status))
     for row in failed:
-        console.print(f"[red]job #{row.job} {row.status}[/red] ({row.varies}): {row.error}")
+        console.print(f"[red]job #{row.job} {row.status}[/red] ({escape(row.varies)}): {escape(row.error)}")
+    if best is not None:
+        console.print(escape(best.line(short_names(varying_keys(rows)))))
+    console.print(
+        f"sweep run: {run_url(client, experiment_id, parent_run_id)}", soft_wrap=True, markup=False, highlight=False
+    )
     return status
 
 
-def _short(override: str) -> str:
-    """`decode.temperature=1` → `temperature=1`: fits an 80-column terminal without folding mid-word."""
-    key, sep, value = override.partition("=")
-    return f"{key.rsplit('.', 1)[-1]}{sep}{value}"
-
-
 def _table(rows: list[Row], status: str) -> Table:
-    """The terminal's version: a job's overrides on its first row only, short headers."""
-    table = Table(title=f"Sweep summary: [{STATUS_STYLE.get(status, 'white')}]{status}[/]", title_justify="left")
-    table.add_column("job", no_wrap=True)
-    table.add_column("status", no_wrap=True)
-    table.add_column("varies", overflow="fold")
-    for name in ("method", "tau", "×AR", "tok/s", "lossless"):
-        table.add_column(name, no_wrap=True)
+    """The terminal's version, fitted to 80 columns: each varying key a short column of its own, a job's
+    settings on its first row only, and a status column only when some job did not finish (the title says
+    the sweep's)."""
+    keys = varying_keys(rows)
+    names = short_names(keys)
+    mixed = any(row.status != "FINISHED" for row in rows)
+    title = f"Sweep summary: [{STATUS_STYLE.get(status, 'white')}]{status}[/]"
+    # No borders and one space between columns: three varying keys and the figures still fit 80 columns.
+    table = Table(title=title, title_justify="left", box=None, padding=(0, 1, 0, 0), header_style="bold underline")
+    for name in ("job", *(["status"] if mixed else []), *(names[k] for k in keys), "method"):
+        table.add_column(name, no_wrap=True, overflow="ellipsis")
+    for name, _, _ in FIGURES:
+        table.add_column(name, no_wrap=True, justify="right")
     previous = None
     for row in rows:
         first = row.job != previous
         previous = row.job
         style = STATUS_STYLE.get(row.status, "white")
+        settings = row.settings()
         table.add_row(
             str(row.job) if first else "",
-            f"[{style}]{row.status}[/]" if first else "",
-            "\n".join(_short(o) for o in row.varies.split()) if first else "",
+            *([f"[{style}]{row.status}[/]" if first else ""] if mixed else []),
+            *((escape(settings.get(k, "")) if first else "") for k in keys),
             row.method,
-            *(_cell(getattr(row, k)) for k in ("tau", "speedup_vs_ar", "tokens_per_s", "lossless")),
-            end_section=False,
+            *figure_cells(row),
         )
     return table

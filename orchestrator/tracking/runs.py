@@ -28,25 +28,24 @@ def ensure_experiment(client: MlflowClient, name: str, artifact_root: str | None
     return client.create_experiment(name, artifact_location=location)
 
 
-# Swept keys already said by the name's fixed part.
-_NAMED = {"model", "decode.temperature", "decode.block_size", "experiment"}
-
-
 def run_name(config: JobConfig, varying: Mapping[str, str] | None = None) -> str:
-    """What matters first, so the UI's truncated column still tells rows apart: `tiny_trained T=0 bs=8 ·
-    12-03 05:52`; a sweep's job adds the other keys the sweep varies (`max_new_tokens=64`)."""
-    parts = [config.model_name]
+    """What tells runs apart first, so the UI's truncated column still does: `tiny_trained T=0 bs=8 · 12-03
+    05:52` for a single run; a sweep's job leads with the keys the sweep varies (`bs=4 T=0 · tiny_trained ·
+    12-03 05:52` when block size and temperature are swept), since the rest is the same for every job."""
+    fixed = {"model": config.model_name}
     if config.experiment_name == "ddtree_gdn":
         decode = config.worker_sections["decode"]
-        parts.append(f"T={float(decode.get('temperature', 0)):g}")
+        fixed["decode.temperature"] = f"T={float(decode.get('temperature', 0)):g}"
         if decode.get("block_size"):
-            parts.append(f"bs={decode['block_size']}")
+            fixed["decode.block_size"] = f"bs={decode['block_size']}"
     else:
-        parts.append(config.experiment_name)
-    for key, value in (varying or {}).items():
-        if key not in _NAMED:
-            parts.append(f"{key.rsplit('.', 1)[-1]}={value}")
-    return " ".join(parts) + f" · {time.strftime('%m-%d %H:%M')}"
+        fixed["experiment"] = config.experiment_name
+    varying = dict(varying or {})
+    if not varying:
+        return " ".join(fixed.values()) + f" · {time.strftime('%m-%d %H:%M')}"
+    first = [fixed.get(key) or f"{key.rsplit('.', 1)[-1]}={value}" for key, value in varying.items()]
+    rest = [text for key, text in fixed.items() if key not in varying]
+    return " · ".join([" ".join(first), *([" ".join(rest)] if rest else []), time.strftime("%m-%d %H:%M")])
 
 
 def create_job_run(

@@ -1,0 +1,99 @@
+"""What a sweep's parent run shows in MLflow: its description, the grid as params, each job's headline metrics.
+
+The parent is where a researcher lands from the experiment's runs table, so it answers the sweep's question
+first (which setting and method was fastest, by how much, on how many passes), then gives the table one row
+per job × method with the keys the sweep varies as their own short columns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator.sweep.rows import Row, short_names, varying_keys
+
+# The per-method figures each job contributes to the parent's metrics: `job3.ddtree_tb32.speedup_vs_ar`.
+JOB_METRICS = ("tau", "speedup_vs_ar", "tokens_per_s", "lossless")
+# The figures' columns in the description and the terminal: (header, Row field, format).
+FIGURES = (("tau", "tau", "{:.2f}"), ("×AR", "speedup_vs_ar", "×{:.2f}"), ("tok/s", "tokens_per_s", "{:.1f}"),
+           ("lossless", "lossless", "{:.2f}"))  # fmt: skip
+
+
+def figure_cells(row: Row) -> list[str]:
+    """The row's figures as the tables show them (blank where the run has none, e.g. lossless at T > 0)."""
+    return ["" if (value := getattr(row, key)) is None else form.format(value) for _, key, form in FIGURES]
+
+
+@dataclass(frozen=True)
+class Fastest:
+    row: Row
+
+    def line(self, names: dict[str, str]) -> str:
+        """`Fastest: job #3 (block_size=8) ddtree_tb32: tau 4.53, ×2.13 vs AR, lossless · one pass per prompt`."""
+        row = self.row
+        where = ", ".join(f"{names.get(k, k)}={v}" for k, v in row.settings().items())
+        figures = [f"tau {row.tau:.2f}" if row.tau is not None else "", f"×{row.speedup_vs_ar:.2f} vs AR"]
+        if row.lossless is not None:
+            figures.append("lossless" if row.lossless == 1 else f"lossless {row.lossless:.2f}")
+        passes = "one pass per prompt" if (row.repeats or 1) == 1 else f"median of {row.repeats} passes"
+        slower = " (slower than AR)" if row.speedup_vs_ar < 1 else ""
+        job = f"job #{row.job}" + (f" ({where})" if where else "")
+        return f"Fastest: {job} {row.method}: {', '.join(f for f in figures if f)}{slower} · {passes}"
+
+
+def fastest(rows: list[Row]) -> Fastest | None:
+    """The drafting method of a finished job with the highest speedup over AR (None when there is none)."""
+    drafting = [r for r in rows if r.kind in ("dflash", "ddtree") and r.speedup_vs_ar is not None]
+    finished = [r for r in drafting if r.status == "FINISHED"] or drafting
+    return Fastest(max(finished, key=lambda r: r.speedup_vs_ar or 0.0)) if finished else None
+
+
+def description(rows: list[Row], status: str) -> str:
+    """The parent's description (Markdown): the answer in one line, then one row per job × method."""
+    keys = varying_keys(rows)
+    names = short_names(keys)
+    finished = sum(1 for job in {r.job: r for r in rows}.values() if job.status == "FINISHED")
+    jobs = len({r.job for r in rows})
+    varies = f" · varies {', '.join(names[k] for k in keys)}" if keys else ""
+    lines = [f"**Sweep {status}: {finished} of {jobs} jobs finished**{varies}", ""]
+    best = fastest(rows)
+    lines += [best.line(names) if best is not None else "No drafting method has a speedup to compare.", ""]
+    header = ["job", "status", *(names[k] for k in keys), "method", *(name for name, _, _ in FIGURES)]
+    lines += ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for row in rows:
+        settings = row.settings()
+        cells = [str(row.job), row.status, *(settings.get(k, "") for k in keys), row.method, *figure_cells(row)]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    errors = [f"- job #{r.job} {r.status}: {r.error}" for r in {r.job: r for r in rows}.values() if r.error]
+    if errors:
+        lines += ["", *errors]
+    return "\n".join(lines) + "\n"
+
+
+def grid_params(rows: list[Row], swept: list[str]) -> dict[str, str]:
+    """The grid as params: each swept key and the values its jobs took, in job order (`decode.block_size`:
+    `4,8`)."""
+    values: dict[str, list[str]] = {key: [] for key in swept}
+    for row in {r.job: r for r in rows}.values():
+        given = dict(o.partition("=")[::2] for o in row.overrides.split())
+        for key in swept:
+            if key in given and given[key] not in values[key]:
+                values[key].append(given[key])
+    return {key: ",".join(found) for key, found in values.items() if found}
+
+
+def job_metrics(rows: list[Row]) -> dict[str, float]:
+    """Every job's headline figures per method (`job3.ddtree_tb32.speedup_vs_ar`), and the fastest's under
+    `best.*`, so the compare view can chart sweeps against each other."""
+    metrics = {
+        f"job{row.job}.{row.method}.{key}": float(value)
+        for row in rows
+        if row.method
+        for key in JOB_METRICS
+        if (value := getattr(row, key)) is not None
+    }
+    best = fastest(rows)
+    if best is not None:
+        for key in ("speedup_vs_ar", "tau", "tokens_per_s"):
+            if (value := getattr(best.row, key)) is not None:
+                metrics[f"best.{key}"] = float(value)
+    return metrics

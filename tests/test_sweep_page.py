@@ -1,0 +1,149 @@
+"""What a researcher reads about a sweep: the parent run's page in MLflow, the plot's drawn lines, the terminal
+table at 80 columns. In process, on the fake tracking store; `test_sweep.py` runs real multiruns."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from mlflow.entities import Metric, Param
+from rich.console import Console
+
+from orchestrator.sweep.callback import sweep_name
+from orchestrator.sweep.plot import draw_sweep
+from orchestrator.sweep.rows import sweep_rows
+from orchestrator.sweep.summary import summarize_sweep
+from orchestrator.tracking import tags
+from tests.fakes import FakeTracking
+
+SWEPT = ["decode.block_size", "decode.temperature", "decode.max_new_tokens"]
+# (job, block size, ddtree_tb4's and ddtree_tb8's speedups): job 1 holds the sweep's fastest method.
+JOBS = ((0, 4, 1.4, 1.6), (1, 8, 1.9, 2.3), (2, 16, 0.9, 1.1))
+
+
+def _fake_sweep(repeats: int = 1) -> tuple[FakeTracking, str, str]:
+    """A finished sweep as the jobs leave it in MLflow: a parent, a run per job, a run per method."""
+    client = FakeTracking()
+    experiment = client.create_experiment("ddtree_gdn")
+    parent = client.create_run(experiment, "sweep", {tags.ROLE: "sweep"}).info.run_id
+    for job, block, tb4, tb8 in JOBS:
+        overrides = f"model=tiny_trained decode.block_size={block} decode.temperature=0 decode.max_new_tokens=64"
+        job_run = client.create_run(
+            experiment,
+            f"job {job}",
+            {tags.PARENT_RUN_ID: parent, tags.SWEEP_JOB: str(job), tags.MODEL: "tiny_trained",
+             tags.HYDRA_OVERRIDES: overrides},
+        ).info.run_id  # fmt: skip
+        client.set_terminated(job_run, "FINISHED")
+        methods = (("ar", "ar", 0, 1.0, 1.0), ("dflash", "dflash", 0, 2.5 + job, 1.2 + job / 10))
+        methods += (("ddtree_tb4", "ddtree", 4, 3.0 + job, tb4), ("ddtree_tb8", "ddtree", 8, 3.5 + job, tb8))
+        for scope, kind, budget, tau, speedup in methods:
+            run = client.create_run(experiment, scope, {tags.PARENT_RUN_ID: job_run, tags.SCOPE: scope}).info.run_id
+            params = {"method": kind, "tree_budget": str(budget), "repeats": str(repeats)}
+            values = {"tau": tau, "speedup_vs_ar": speedup, "tokens_per_s": 100 * speedup, "lossless": 1.0}
+            client.log_batch(
+                run,
+                metrics=[Metric(k, v, 0, 0) for k, v in values.items()],
+                params=[Param(k, v) for k, v in params.items()],
+            )
+            client.set_terminated(run, "FINISHED")
+    return client, experiment, parent
+
+
+def test_the_sweep_plot_draws_each_jobs_dflash_dashed_and_ar_dotted_on_both_panels() -> None:
+    client, _, parent = _fake_sweep()
+    rows = sweep_rows(client, parent)
+    assert {row.tree_budget for row in rows if row.kind != "ddtree"} == {None}  # AR and DFlash log budget 0
+    fig = draw_sweep(rows)
+    assert fig is not None
+    tau_axis, speedup_axis = fig.axes[:2]
+    for axis, key in ((tau_axis, "tau"), (speedup_axis, "speedup_vs_ar")):
+        solid = [line for line in axis.get_lines() if line.get_linestyle() == "-"]
+        dashed = [line for line in axis.get_lines() if line.get_linestyle() == "--"]
+        dotted = [line for line in axis.get_lines() if line.get_linestyle() == ":"]
+        assert len(solid) == len(JOBS)
+        for line in solid:  # DDTree at its budgets only: never a point at budget 0 (AR, DFlash)
+            assert list(line.get_xdata()) == [4, 8]
+        expected = {job: next(r for r in rows if r.job == job and r.kind == "dflash") for job, *_ in JOBS}
+        assert sorted(line.get_ydata()[0] for line in dashed) == sorted(getattr(r, key) for r in expected.values())
+        for line in dashed:  # each job's DFlash in its own job's colour
+            twin = [s for s in solid if s.get_color() == line.get_color()]
+            assert len(twin) == 1
+        assert [list(line.get_ydata()) for line in dotted] == [[1.0, 1.0]]  # AR: tau 1, speedup 1
+        assert "dashed: DFlash; dotted: AR" in axis.get_title()
+
+
+def test_the_parent_run_has_a_description_params_and_each_jobs_headline_metrics() -> None:
+    client, experiment, parent = _fake_sweep()
+    console = Console(width=80, record=True, color_system=None)
+    status = summarize_sweep(client, experiment, parent, console, {0: "", 1: "", 2: ""}, SWEPT)
+    assert status == "FINISHED"
+    run = client.runs[parent]
+    note = run.tags[tags.NOTE].splitlines()
+    assert note[0] == "**Sweep FINISHED: 3 of 3 jobs finished** · varies block_size"
+    assert note[2] == (
+        "Fastest: job #1 (block_size=8) ddtree_tb8: tau 4.50, ×2.30 vs AR, lossless · one pass per prompt"
+    )
+    header = note[4]
+    assert header == "| job | status | block_size | method | tau | ×AR | tok/s | lossless |"
+    assert note[5].count("---") == header.count("|") - 1  # a separator MLflow's Markdown reads as a table
+    table = note[6:]
+    assert len(table) == len(JOBS) * 4  # one row per job × method
+    assert table[0] == "| 0 | FINISHED | 4 | ar | 1.00 | ×1.00 | 100.0 | 1.00 |"
+    assert "decode." not in "\n".join(table)  # short columns, not a repeated overrides string
+    assert run.params == {"grid.decode.block_size": "4,8,16", "grid.decode.temperature": "0",
+                          "grid.decode.max_new_tokens": "64"}  # fmt: skip
+    metrics = run.as_mlflow().data.metrics
+    assert metrics["job1.ddtree_tb8.speedup_vs_ar"] == 2.3
+    assert metrics["job2.dflash.tau"] == 4.5
+    assert metrics["best.speedup_vs_ar"] == 2.3
+    assert run.tags[tags.SWEEP_BEST_JOB] == "1" and run.tags[tags.BEST_METHOD] == "ddtree_tb8"
+    assert run.status == "FINISHED"
+    text = console.export_text()
+    assert f"sweep run: http://fake-mlflow:5000/#/experiments/{experiment}/runs/{parent}" in text.splitlines()
+
+
+def test_with_repeats_the_fastest_says_how_many_passes_and_a_slowdown_says_so() -> None:
+    client, experiment, parent = _fake_sweep(repeats=3)
+    for run in client.runs.values():  # every drafting method slower than AR
+        run.metrics = {(k, t, s, v / 4 if k == "speedup_vs_ar" else v) for k, t, s, v in run.metrics}
+    summarize_sweep(client, experiment, parent, Console(width=80, record=True), {0: "", 1: "", 2: ""}, SWEPT)
+    line = client.runs[parent].tags[tags.NOTE].splitlines()[2]
+    assert line.endswith("×0.57 vs AR, lossless (slower than AR) · median of 3 passes"), line
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_the_terminal_summary_fits_its_width_one_line_per_method(width: int) -> None:
+    client, experiment, parent = _fake_sweep()
+    for run in client.runs.values():  # a sweep varying three keys, values as long as real ones
+        over = run.tags.get(tags.HYDRA_OVERRIDES)
+        if over:
+            job = run.tags[tags.SWEEP_JOB]
+            run.tags[tags.HYDRA_OVERRIDES] = over.replace("temperature=0", f"temperature=0.{job}").replace(
+                "max_new_tokens=64", f"max_new_tokens={64 * (int(job) + 1)}"
+            )
+    console = Console(width=width, record=True, color_system=None)
+    summarize_sweep(client, experiment, parent, console, {0: "", 1: "", 2: ""}, SWEPT)
+    lines = console.export_text().splitlines()
+    assert max(len(line) for line in lines if not line.startswith("sweep run: ")) <= width  # a URL is not folded
+    header = next(line for line in lines if "method" in line)
+    assert re.split(r"\s+", header.strip()) == [
+        "job",
+        "block_size",
+        "temperature",
+        "max_new_tokens",
+        "method",
+        "tau",
+        "×AR",
+        "tok/s",
+        "lossless",
+    ]  # fmt: skip: every job finished, so no status column (the title says FINISHED)
+    rows = [line for line in lines if re.search(r"\b(ar|dflash|ddtree_tb\d+)\b", line) and "Fastest" not in line]
+    assert len(rows) == len(JOBS) * 4  # each method one whole line; a job's settings on its first
+    assert re.split(r"\s+", rows[4].strip()) == ["1", "8", "0.1", "128", "ar", "1.00", "×1.00", "100.0", "1.00"]
+
+
+def test_names_lead_with_what_varies() -> None:
+    assert sweep_name(["decode.block_size", "decode.temperature"], 6).startswith(
+        "sweep of block_size × temperature · 6 jobs"
+    )
