@@ -33,6 +33,7 @@ PROGRESS = "progress"
 NOTE = "mlflow.note.content"  # the run's description in the MLflow UI (Markdown)
 BEST_METHOD = "best.method"
 BEST_TREE_BUDGET = "best.tree_budget"
+BEST_BASIS = "best.basis"  # how sure the best is: one pass, ahead in every pass, or not clearly ahead
 
 # The orchestrator's own bookkeeping: where the stream stands, who follows the run.
 SCOPE = "orchestrator.scope"
@@ -48,3 +49,4 @@ SWEEP_LAUNCHER = "sweep.launcher"
 SWEEP_FAIL_FAST = "sweep.fail_fast"
 SWEEP_JOBS = "sweep.jobs"
 SWEEP_NOT_FINISHED = "sweep.not_finished"
+SWEEP_BEST_JOB = "sweep.best_job"
