@@ -157,8 +157,11 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     log.emit("metrics", headline, step=0)  # the job's own run answers the comparison on its page
     if best is not None:
         budget = _budget_of(methods, best)
-        log.emit("tags", {"best.method": best, **({"best.tree_budget": str(budget)} if budget else {})})
-    _write_summary(spec, methods, summary, comparison, str(target.device), drafter.block_size)
+        basis = best_basis(summary, best)
+        log.emit(
+            "tags", {"best.method": best, "best.basis": basis, **({"best.tree_budget": str(budget)} if budget else {})}
+        )
+    _write_summary(spec, methods, summary, comparison, str(target.device), drafter.block_size, best)
     log.emit("artifact", {"path": SUMMARY_FILE})
     log.emit("artifact", {"path": GENERATIONS_FILE})
     return _terminal_summary(summary)
@@ -197,6 +200,10 @@ def _compiled_rounds(
     return outcome
 
 
+# The per-round series (step = round): "/" puts it in a chart section of its own in MLflow, after the
+# method's figures, and the name says it is one value per round, not the method's acceptance (that is `tau`).
+ROUND_ACCEPTANCE = "round/acceptance_length"
+
 # What the job's own run shows per method (`ar.tokens_per_s`, `dflash.tau`, …), from each child's figures.
 HEADLINE = ("tau", "tokens_per_s", "speedup_vs_ar", "tpot_ms", "prefill_ms", "ttft_ms", "acceptance_length_mean",
             "compile_s")  # fmt: skip
@@ -205,7 +212,7 @@ HEADLINE_AT_T0 = ("lossless", "near_tie_divergences", "unexplained_divergences")
 
 def headline_metrics(summary: dict[str, dict[str, float]]) -> tuple[dict[str, float], str | None]:
     """Each method's headline figures under `<method>.<metric>`, and `best.*`: the drafting method with the
-    highest `speedup_vs_ar` (its name is returned, for a tag)."""
+    highest median `speedup_vs_ar` (its name is returned, for a tag; `best_basis` says how sure that is)."""
     headline = {
         f"{scope}.{key}": metrics[key]
         for scope, metrics in summary.items()
@@ -218,6 +225,25 @@ def headline_metrics(summary: dict[str, dict[str, float]]) -> tuple[dict[str, fl
     best = max(drafting, key=lambda scope: drafting[scope]["speedup_vs_ar"])
     headline.update({f"best.{key}": drafting[best][key] for key in ("speedup_vs_ar", "tau", "tokens_per_s")})
     return headline, best
+
+
+def best_basis(summary: dict[str, dict[str, float]], best: str) -> str:
+    """How far `best` (the highest median speedup) can be trusted, in words the page and the tag show.
+
+    One pass per prompt has no spread, so its winner may be noise (three identical runs once named three
+    winners): it says so. With repeats, the winner is clear only when its slowest pass beats every other
+    method's fastest; otherwise the spreads overlap and no method is clearly ahead. A "best" slower than AR
+    says that first."""
+    metrics = summary[best]
+    repeats = int(metrics.get("repeats", 1))
+    slower = "slower than AR; " if metrics["speedup_vs_ar"] < 1 else ""
+    if repeats <= 1:
+        return f"{slower}one pass per prompt: no spread to tell noise from a difference"
+    others = [m for scope, m in summary.items() if scope not in ("ar", best)]
+    rival = max((m.get("speedup_vs_ar_max", m["speedup_vs_ar"]) for m in others), default=None)
+    if rival is None or metrics.get("speedup_vs_ar_min", metrics["speedup_vs_ar"]) > rival:
+        return f"{slower}ahead of every other method in all {repeats} passes"
+    return f"{slower}not clearly ahead: its range over {repeats} passes overlaps another method's"
 
 
 def _budget_of(methods: list[Method], scope: str) -> int | None:
@@ -251,7 +277,7 @@ def _method_params(method: Method, block_size: int, settings: Settings, prompts:
 
 def _emit_rounds(log: EventLog, scope: str, lengths: list[int], rounds_so_far: dict[str, int]) -> None:
     for length in lengths:
-        log.emit("metrics", {"acceptance_length": float(length)}, scope=scope, step=rounds_so_far[scope])
+        log.emit("metrics", {ROUND_ACCEPTANCE: float(length)}, scope=scope, step=rounds_so_far[scope])
         rounds_so_far[scope] += 1
 
 
@@ -296,6 +322,7 @@ def _write_summary(
     comparison: Comparison,
     device: str,
     block_size: int,
+    best: str | None,
 ) -> None:
     document = {
         "model": spec.model.name,
@@ -306,6 +333,7 @@ def _write_summary(
         "repeats": int(spec.decode.get("repeats", 1)),
         "methods": [{"scope": m.scope, "method": m.name, "tree_budget": m.budget, **summary[m.scope]} for m in methods],
         "acceptance_lengths": {scope: t.acceptance_lengths for scope, t in comparison.tallies.items()},
+        "best": {"scope": best, "basis": best_basis(summary, best)} if best is not None else None,
     }
     (spec.run_dir / SUMMARY_FILE).write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
 
