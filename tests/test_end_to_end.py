@@ -251,7 +251,7 @@ def test_decode_sweep_lands_as_child_runs(mlflow_server: MlflowServer, job_paths
     assert metrics["best.speedup_vs_ar"] == metrics[f"{tags['best.method']}.speedup_vs_ar"]
     assert "| ddtree_tb32 |" in tags["mlflow.note.content"] and "Best: **" in tags["mlflow.note.content"]
     assert tags["mlflow.note.content"].startswith("**DDTree-")  # the answer before the table
-    assert tags["best.basis"].startswith("one pass per prompt")  # no repeats: the winner may be noise, and says so
+    assert tags["best.basis"].endswith(("in all 2 passes", "overlaps another method's"))  # two repeats: a spread
     assert run.info.run_name.startswith("tiny_trained T=0 · ")
     assert {"summary.md", "summary.csv", "generations_table.json", "worker_log.txt"} <= {
         a.path for a in client.list_artifacts(run_id)
