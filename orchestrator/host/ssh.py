@@ -46,6 +46,18 @@ def _connect_failure(host: SSHSettings, error: Exception) -> ConnectFailed:
     return ConnectFailed(f"cannot connect to {where}: {type(error).__name__}: {error}")
 
 
+def _changed_key(host: SSHSettings, error: paramiko.BadHostKeyException) -> HostKeyRefused:
+    """The host offered a key other than the one known_hosts holds for it: one line with the fix."""
+    known_hosts = os.path.expanduser(host.known_hosts)
+    port = host.port or 22
+    entry = host.hostname if port == 22 else f"[{host.hostname}]:{port}"
+    return HostKeyRefused(
+        f"{entry}: host key CHANGED (now {error.key.get_name()} {error.key.fingerprint}; reinstalled, or someone "
+        f"in the middle). If the host's owner confirms it: `ssh-keygen -f {shlex.quote(known_hosts)} -R "
+        f"{shlex.quote(entry)}`, then connect again"
+    )
+
+
 class _RefuseUnknown(paramiko.MissingHostKeyPolicy):
     def __init__(self, known_hosts: Path, port: int) -> None:
         self.known_hosts, self.port = known_hosts, port
@@ -144,6 +156,8 @@ class SSHTransport:
             self._connection.open()
         except HostKeyRefused:
             raise
+        except paramiko.BadHostKeyException as changed:  # not a network blip: no reconnect would change it
+            raise _changed_key(self.ssh, changed) from changed
         except CONNECTION_ERRORS as error:
             raise _connect_failure(self.ssh, error) from error
         _detect_dead_links(self._connection, self.ssh)
