@@ -201,7 +201,7 @@ class FakeHost:
             return f"exited {self.files[exit_file].decode().strip()}"
         if posixpath.join(self.run_dir, "pid") in self.files:
             return f"running {self.worker.pid}" if self.worker.state == "running" else f"vanished {self.worker.pid}"
-        return "starting"
+        return "unstarted" if self.files.get(posixpath.join(self.run_dir, "stderr.log")) else "starting"
 
     def read_bytes(self, path: str, offset: int, limit: int) -> bytes:
         self._check()

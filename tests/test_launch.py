@@ -263,3 +263,15 @@ def test_a_local_command_killed_by_the_terminals_ctrl_c_is_an_interruption_not_a
             LocalTransport().run(["sh", "-c", "kill -INT $$; sleep 5"])
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_start_command_that_failed_is_told_from_one_still_starting(tmp_path: Path) -> None:
+    """The status script on a real shell: no pid and nothing on stderr is `starting`; no pid and the start
+    command's complaint on stderr (`setsid: not found`) is `unstarted`, which the launch fails on at once."""
+    transport = LocalTransport("local")
+    assert worker_status(transport, str(tmp_path)).state == "starting"
+    (tmp_path / "stderr.log").write_text("sh: 1: setsid: not found\n")
+    status = worker_status(transport, str(tmp_path))
+    assert status.state == "unstarted" and not status.alive
+    (tmp_path / "pid").write_text(f"{os.getpid()}\n")  # once the supervisor has its pid, stderr is the worker's
+    assert worker_status(transport, str(tmp_path)).state != "unstarted"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -157,11 +158,24 @@ def test_a_worker_that_never_starts_fails_at_launch_with_the_start_commands_stde
     tmp_path: Path, tracking: FakeTracking
 ) -> None:
     worker = FakeWorker(decode_log(), starts=False, start_stderr="sh: 1: setsid: not found\n")
-    code, out = run(job_config(tmp_path, "orchestrator.start_timeout_s=0.05"), FakeHost(worker))
+    started = time.monotonic()
+    code, out = run(job_config(tmp_path, "orchestrator.start_timeout_s=600"), FakeHost(worker))
+    assert time.monotonic() - started < 300, "failed on its stderr, not after orchestrator.start_timeout_s"
     assert code == 1, out
     job = the_run(tracking)
     assert job.status == "FAILED" and job.tags[tags.FAILURE_STAGE] == "launch"
-    assert "setsid: not found" in job.tags[tags.ERROR] and "orchestrator.start_timeout_s" in job.tags[tags.ERROR]
+    assert job.tags[tags.ERROR] == "local: the worker did not start: sh: 1: setsid: not found"
+
+
+def test_a_start_command_that_prints_nothing_fails_after_the_start_timeout(
+    tmp_path: Path, tracking: FakeTracking
+) -> None:
+    code, out = run(
+        job_config(tmp_path, "orchestrator.start_timeout_s=0.05"), FakeHost(FakeWorker(decode_log(), starts=False))
+    )
+    assert code == 1, out
+    error = the_run(tracking).tags[tags.ERROR]
+    assert "orchestrator.start_timeout_s" in error and error.endswith("the start command printed nothing")
 
 
 def test_attach_to_a_run_whose_worker_never_started_says_so(tmp_path: Path, tracking: FakeTracking) -> None:

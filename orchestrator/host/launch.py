@@ -69,13 +69,18 @@ _STATUS = (
     f'elif [ -f {PID_FILE} ] && kill -0 -"$(cat {PID_FILE})" 2>/dev/null; then '
     f"if [ -f {WAITING_FILE} ]; then echo waiting $(cat {PID_FILE}); else echo running $(cat {PID_FILE}); fi; "
     f"elif [ -f {PID_FILE} ]; then echo vanished $(cat {PID_FILE}); "
+    f"elif [ -s {STDERR_FILE} ]; then echo unstarted; "
     "else echo starting; fi"
 )
 
 
 @dataclass(frozen=True)
 class WorkerStatus:
-    """`state` is one of starting, waiting (for a GPU), running, exited, vanished, missing."""
+    """`state` is one of starting, waiting (for a GPU), running, exited, vanished, missing, unstarted.
+
+    `unstarted`: no pid, and the start command wrote to stderr.log. The supervisor writes its pid before
+    anything else can print, so anything there first is the start command's own failure (`setsid: not
+    found`): the run fails on it at once instead of waiting out `orchestrator.start_timeout_s`."""
 
     state: str
     pid: int | None = None
@@ -94,6 +99,8 @@ class WorkerStatus:
             return "worker process group disappeared without writing an exit code (killed, or the host rebooted)"
         if self.state == "missing":
             return "the run directory is gone from the host"
+        if self.state == "unstarted":
+            return "the start command failed before the worker had a pid (see stderr.log)"
         return f"worker is {self.state}"
 
 

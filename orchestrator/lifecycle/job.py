@@ -184,12 +184,14 @@ def launch(job: Job, report: dict[str, Any], code_dir: str) -> None:
         status = wait_for_start(job.transport, run_dir, timeout, job.check_interrupt)
     except CONNECTION_ERRORS as exc:  # the worker may well be running: left for attach
         raise HostLost(f"{job.host_label}: connection lost just after the start: {exc}") from exc
-    if status.state == "starting":
+    if status.state in ("starting", "unstarted"):
         stderr = _host_text(job, STDERR_FILE).strip().splitlines()
+        said = stderr[-1] if stderr else "the start command printed nothing"
+        if status.state == "unstarted":  # its stderr says why: no need to wait for the deadline
+            raise PhaseFailed(Stage.LAUNCH, f"{host.name}: the worker did not start: {said}")
         raise PhaseFailed(
             Stage.LAUNCH,
-            f"{host.name}: the worker did not start within {timeout:g}s (orchestrator.start_timeout_s): "
-            f"{stderr[-1] if stderr else 'the start command printed nothing'}",
+            f"{host.name}: the worker did not start within {timeout:g}s (orchestrator.start_timeout_s): {said}",
         )
     job.live.note(f"worker started on {host.name}" + (f" (pid {status.pid})" if status.pid else ""))
 
