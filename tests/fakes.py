@@ -174,8 +174,14 @@ class FakeHost:
                 else:
                     self.files[posixpath.join(self.run_dir, "stderr.log")] = self.worker.start_stderr.encode()
             elif script == "status":
+                self.run_dir = argv[4]
                 self._look()
                 out = self._status()
+            elif script == "remove-parts":  # the partial copies under $1 named for run $2
+                parts = [p for p in self.files if p.startswith(argv[4] + "/") and f".part-{argv[5]}" in p]
+                for part in parts:
+                    del self.files[part]
+                out = "removed\n" if parts else ""
             elif script == "ls":  # the run folders under $1
                 prefix = argv[4].rstrip("/") + "/"
                 out = "\n".join(sorted({p[len(prefix) :].split("/")[0] for p in self.files if p.startswith(prefix)}))
@@ -201,6 +207,8 @@ class FakeHost:
             return f"exited {self.files[exit_file].decode().strip()}"
         if posixpath.join(self.run_dir, "pid") in self.files:
             return f"running {self.worker.pid}" if self.worker.state == "running" else f"vanished {self.worker.pid}"
+        if not any(p.startswith(self.run_dir + "/") for p in self.files):
+            return "missing"  # never launched here (a worker that starts writes its pid at once)
         return "unstarted" if self.files.get(posixpath.join(self.run_dir, "stderr.log")) else "starting"
 
     def read_bytes(self, path: str, offset: int, limit: int) -> bytes:
@@ -222,7 +230,7 @@ class FakeHost:
         local_path.write_bytes(self.files[path])
         return True
 
-    def prepare_code(self, workdir: str, method: str) -> tuple[str, bool]:
+    def prepare_code(self, workdir: str, method: str, owner: str = "") -> tuple[str, bool]:
         self._check()
         return "/code/abc", False
 

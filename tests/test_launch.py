@@ -27,6 +27,7 @@ from orchestrator.host.launch import (
     write_spec,
 )
 from orchestrator.host.local import LocalTransport
+from orchestrator.host.sync import remove_abandoned_parts
 from orchestrator.host.transport import CommandResult
 from tests.conftest import group_alive
 
@@ -275,3 +276,18 @@ def test_a_start_command_that_failed_is_told_from_one_still_starting(tmp_path: P
     assert status.state == "unstarted" and not status.alive
     (tmp_path / "pid").write_text(f"{os.getpid()}\n")  # once the supervisor has its pid, stderr is the worker's
     assert worker_status(transport, str(tmp_path)).state != "unstarted"
+
+
+def test_the_partial_upload_named_for_a_run_is_removed_and_no_other(tmp_path: Path) -> None:
+    """The clean-up `attach` runs for a run killed mid-sync, on a real shell: its own part and archive go,
+    another run's part (perhaps still copying) and the published snapshots stay."""
+    code = tmp_path / "code"
+    for name in ("abc.part-run1", "abc.part-run2", "abc"):
+        (code / name).mkdir(parents=True)
+        (code / name / "f.py").write_text("x")
+    (code / "abc.part-run1.tar.gz").write_bytes(b"\x1f\x8b")
+    assert remove_abandoned_parts(LocalTransport(), str(tmp_path), "run1")
+    assert sorted(p.name for p in code.iterdir()) == ["abc", "abc.part-run2"]
+    assert not remove_abandoned_parts(LocalTransport(), str(tmp_path), "run1")  # nothing left to remove
+    with pytest.raises(ValueError):
+        remove_abandoned_parts(LocalTransport(), str(tmp_path), "*")

@@ -189,6 +189,37 @@ def test_attach_to_a_run_whose_worker_never_started_says_so(tmp_path: Path, trac
     assert job.status == "FAILED" and "the worker never started" in job.tags[tags.ERROR]
 
 
+@pytest.mark.parametrize("mid_sync", [True, False])
+def test_attach_to_a_run_whose_orchestrator_died_before_the_launch_says_the_worker_never_started(
+    tmp_path: Path, tracking: FakeTracking, mid_sync: bool
+) -> None:
+    """Killed during the code sync: no run folder on the host, a partial upload named for the run. `attach`
+    says the worker never started (not that its folder is gone) and removes the upload then."""
+    worker = FakeWorker(decode_log())
+    config = job_config(tmp_path)
+    made = {tags.MODEL: "tiny_trained", tags.HOST: config.host.name}  # what the run had before the sync began
+    run_id = tracking.create_run(tracking.create_experiment("ddtree_gdn"), "r", made).info.run_id
+    host = FakeHost(worker)
+    other = f"{config.host.workdir}/code/abc.part-12345"  # another sync's copy, still going: kept
+    host.files[other + "/remote_worker/__init__.py"] = b""
+    if mid_sync:
+        host.files[f"{config.host.workdir}/code/abc.part-{run_id}/remote_worker/__init__.py"] = b""
+        host.files[f"{config.host.workdir}/code/abc.part-{run_id}.tar.gz"] = b"\x1f\x8b"
+    code, out = run(job_config(tmp_path, f"attach={run_id}"), host)
+    assert code == 1, out
+    run_ = tracking.runs[run_id]
+    assert run_.status == "FAILED"
+    error = run_.tags[tags.ERROR]
+    assert error.startswith("the worker never started: the orchestrator that started this run stopped ")
+    assert "gone" not in error
+    if mid_sync:
+        assert run_.tags[tags.FAILURE_STAGE] == "sync" and "partial upload is now removed" in error
+        assert not any(f".part-{run_id}" in p for p in host.files)
+    else:
+        assert run_.tags[tags.FAILURE_STAGE] == "launch" and "no folder on the host" in error
+    assert any(p.startswith(other) for p in host.files)
+
+
 def test_a_silent_worker_is_said_to_be_alive(tmp_path: Path, tracking: FakeTracking) -> None:
     host = FakeHost(FakeWorker(decode_log(rounds=2), silent_looks=400))
     code, out = run(job_config(tmp_path, "orchestrator.stall_warning_s=0.05"), host)

@@ -62,7 +62,7 @@ class LocalTransport:
         shutil.copyfile(path, local_path)
         return True
 
-    def prepare_code(self, workdir: str, method: str) -> tuple[str, bool]:
+    def prepare_code(self, workdir: str, method: str, owner: str = "") -> tuple[str, bool]:
         return str(PROJECT_ROOT), False
 
     def close(self) -> None:

@@ -288,5 +288,5 @@ class SSHTransport:
         sftp.get(path, str(local_path))
         return True
 
-    def prepare_code(self, workdir: str, method: str) -> tuple[str, bool]:
-        return sync_code(self, workdir, method=method)
+    def prepare_code(self, workdir: str, method: str, owner: str = "") -> tuple[str, bool]:
+        return sync_code(self, workdir, method=method, owner=owner)

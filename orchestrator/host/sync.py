@@ -24,6 +24,7 @@ import contextlib
 import hashlib
 import io
 import posixpath
+import re
 import shlex
 import shutil
 import subprocess
@@ -134,11 +135,17 @@ def _rsync(transport: RemoteHost, files: list[Path], root: Path, partial: str, p
     command_result(argv, done.returncode, done.stdout, done.stderr, check=True)
 
 
-def sync_code(transport: RemoteHost, workdir: str, root: Path = PROJECT_ROOT, method: str = "auto") -> tuple[str, bool]:
+def sync_code(
+    transport: RemoteHost, workdir: str, root: Path = PROJECT_ROOT, method: str = "auto", owner: str = ""
+) -> tuple[str, bool]:
     """Make sure the snapshot exists on the host; return (its folder, whether anything was copied).
 
     `method` is one of `config.settings.SYNC_METHODS`: `auto` takes rsync when both ends have it, else tar.
+    `owner` (the run's id) names the partial copy, so that `remove_abandoned_parts` can find the one a run's
+    orchestrator left when it was killed mid-copy, at once rather than STALE_PART_MIN later.
     """
+    if owner and not _OWNER.fullmatch(owner):
+        raise ValueError(f"not a run id: {owner!r}")
     files = worker_files(root)
     name = content_hash(files, root)
     code_root = posixpath.join(workdir, "code")
@@ -154,7 +161,7 @@ def sync_code(transport: RemoteHost, workdir: str, root: Path = PROJECT_ROOT, me
     use_rsync = method != "tar" and here and "rsync" in look
     if method == "rsync" and not use_rsync:
         raise SyncFailed(f"host.sync=rsync, but rsync is missing {'there' if here else 'here'} ({transport.name})")
-    partial = f"{snapshot}.part-{look['pid']}"
+    partial = f"{snapshot}.part-{owner or look['pid']}"
     archive = f"{partial}.tar.gz"
     data = None if use_rsync else _tarball(files, root)
     try:
@@ -174,6 +181,22 @@ def sync_code(transport: RemoteHost, workdir: str, root: Path = PROJECT_ROOT, me
             raise failure from error
         raise
     return snapshot, True
+
+
+_OWNER = re.compile(r"[0-9A-Za-z_-]{1,64}")
+# The partial copies named for one run ($2) under the code folder ($1); says `removed` when there were some.
+_REMOVE_OWNED = (
+    'found=; for part in "$1"/*.part-"$2" "$1"/*.part-"$2".tar.gz; do [ -e "$part" ] || continue; '
+    'rm -rf -- "$part"; found=1; done; [ -z "$found" ] || echo removed'
+)
+
+
+def remove_abandoned_parts(transport: Transport, workdir: str, owner: str) -> bool:
+    """Remove the partial copy a run's sync left (its orchestrator was killed mid-copy); True if there was one."""
+    if not _OWNER.fullmatch(owner):
+        raise ValueError(f"not a run id: {owner!r}")
+    code_root = posixpath.join(workdir, "code")
+    return transport.run(["sh", "-c", _REMOVE_OWNED, "remove-parts", code_root, owner]).stdout.strip() == "removed"
 
 
 def _remove_parts(transport: RemoteHost, paths: list[str]) -> None:

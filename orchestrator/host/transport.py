@@ -97,8 +97,9 @@ class Transport(Protocol):
     def fetch(self, path: str, local_path: Path) -> bool:
         """Copy `path` to `local_path`; False when it does not exist."""
 
-    def prepare_code(self, workdir: str, method: str) -> tuple[str, bool]:
+    def prepare_code(self, workdir: str, method: str, owner: str = "") -> tuple[str, bool]:
         """Where the worker's code is on the host (its PYTHONPATH), and whether anything was copied there.
+        `owner` (the run's id) names a partial copy, for `sync.remove_abandoned_parts`.
 
         The hook each kind of host answers its own way: this machine runs the checkout itself, an SSH host
         gets a content-addressed snapshot (`host/sync.py`)."""

@@ -36,6 +36,7 @@ from orchestrator.host.launch import (
     write_spec,
 )
 from orchestrator.host.preflight import PreflightFailed, lease_candidates, run_preflight, workdir_problem
+from orchestrator.host.sync import remove_abandoned_parts
 from orchestrator.host.transport import CONNECTION_ERRORS, CommandFailed, ConnectFailed, HostKeyRefused, Transport
 from orchestrator.lifecycle.display import LiveProgress
 from orchestrator.lifecycle.errors import HostLost, Interrupted, LocalFailure, PhaseFailed
@@ -139,7 +140,9 @@ def preflight(job: Job) -> dict[str, Any]:
 
 def sync(job: Job) -> str:
     try:
-        code_dir, copied = job.transport.prepare_code(job.config.host.workdir, job.config.host.sync)
+        code_dir, copied = job.transport.prepare_code(
+            job.config.host.workdir, job.config.host.sync, owner=job.state.run_id
+        )
     except (CommandFailed, RuntimeError, *CONNECTION_ERRORS) as exc:
         raise PhaseFailed(Stage.SYNC, f"{job.host_label}: code sync failed: {exc}") from exc
     if job.config.host.is_ssh:
@@ -239,9 +242,33 @@ def conclude(job: Job, status: WorkerStatus) -> Outcome:
         worker_status_ = RunStatus.from_worker(data.get("status"))
         error = None if worker_status_ is RunStatus.FINISHED else str(data.get("error") or "the worker said so")
         return Outcome(worker_status_, error, None if error is None else Stage.WORKER)
+    if status.state == "missing" and job.state.last_seq < 0:  # no folder, and no event was ever read
+        return _never_launched(job)
     problem = _quietly(lambda: workdir_problem(job.transport, job.config.host.workdir))
     cause = f"; {problem}" if problem else ""
     return Outcome(RunStatus.FAILED, f"{status.describe()} before reporting an end event{cause}", Stage.WORKER)
+
+
+def _never_launched(job: Job) -> Outcome:
+    """A run with no folder on its host and no event read: its orchestrator stopped (killed, its machine
+    down) before it launched the worker. A partial code upload it left, named for the run, goes now."""
+    try:
+        removed = remove_abandoned_parts(job.transport, job.config.host.workdir, job.state.run_id)
+    except (CommandFailed, ValueError, *CONNECTION_ERRORS):
+        removed = False
+    if removed:
+        return Outcome(
+            RunStatus.FAILED,
+            "the worker never started: the orchestrator that started this run stopped during the code sync "
+            "(its partial upload is now removed from the host)",
+            Stage.SYNC,
+        )
+    return Outcome(
+        RunStatus.FAILED,
+        "the worker never started: the orchestrator that started this run stopped before launching it "
+        "(the run has no folder on the host)",
+        Stage.LAUNCH,
+    )
 
 
 def stop(job: Job, reason: str) -> Outcome:
