@@ -13,7 +13,13 @@ from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 from remote_worker.cache.tree import Tree
 from remote_worker.decoding.loop import decode
 from remote_worker.models.dflash import build_draft, load_draft
-from remote_worker.models.loading import CheckpointTooLarge, check_fits, checkpoint_bytes, load_model
+from remote_worker.models.loading import (
+    CheckpointCorrupt,
+    CheckpointTooLarge,
+    check_fits,
+    checkpoint_bytes,
+    load_model,
+)
 from remote_worker.models.target import TargetModel
 from remote_worker.spec import ModelSpec
 from tests.teacher_drafter import TeacherDrafter
@@ -148,3 +154,32 @@ def test_a_checkpoint_too_big_for_the_gpu_is_one_line_before_any_weight_moves() 
         "model qwen3_6_27b (/root/models/Qwen3.6-27B): 60.0 GiB of weights do not fit the 40.0 GiB free on cuda:0"
     )
     check_fits(10, 11, torch.device("cuda", 0), "fits")
+
+
+@pytest.mark.parametrize("damage", ["truncated shard", "garbage header", "bad config", "missing shard"])
+def test_a_corrupt_checkpoint_names_the_file_and_its_directory(
+    multimodal: TargetModel, tmp_path: Path, damage: str
+) -> None:
+    """An interrupted copy or a bad download: one line naming the file and the checkpoint directory, before
+    transformers' own error (`MetadataIncompleteBuffer`, `Expecting value`) that names neither."""
+    folder = tmp_path / "ckpt"
+    multimodal.model.save_pretrained(folder)
+    shard = folder / "model.safetensors"
+    if damage == "truncated shard":
+        data = shard.read_bytes()
+        shard.write_bytes(data[: len(data) // 2])
+        expected = rf"model mm: model\.safetensors in {folder} is truncated \({len(data) // 2} bytes of {len(data)}\)"
+    elif damage == "garbage header":
+        shard.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00" + b"<html>not found!" + b"x" * 64)
+        expected = rf"model mm: model\.safetensors in {folder} has an unreadable header"
+    elif damage == "bad config":
+        (folder / "config.json").write_text('{"architectures": ["Qwen3_5ForConditionalGeneration"],')
+        expected = rf"model mm: config\.json in {folder} is not valid JSON \(Expecting"
+    else:
+        index = {"metadata": {}, "weight_map": {"lm_head.weight": "model-00002-of-00002.safetensors"}}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+        expected = rf"model mm: model-00002-of-00002\.safetensors in {folder} is missing"
+    spec = ModelSpec("mm", "pretrained", "Qwen3_5ForCausalLM", "float64", "cpu", {}, str(folder))
+    with pytest.raises(CheckpointCorrupt, match=expected) as err:
+        load_model(spec, seed=0)
+    assert "\n" not in str(err.value) and str(err.value).endswith("; copy the checkpoint again")

@@ -7,9 +7,10 @@ import re
 
 import pytest
 from mlflow.entities import Metric, Param
+from omegaconf import OmegaConf
 from rich.console import Console
 
-from orchestrator.sweep.callback import sweep_name
+from orchestrator.sweep.callback import _grid, sweep_name
 from orchestrator.sweep.plot import draw_sweep
 from orchestrator.sweep.rows import sweep_rows
 from orchestrator.sweep.summary import summarize_sweep
@@ -147,3 +148,16 @@ def test_names_lead_with_what_varies() -> None:
     assert sweep_name(["decode.block_size", "decode.temperature"], 6).startswith(
         "sweep of block_size × temperature · 6 jobs"
     )
+
+
+def test_a_grid_axis_the_command_line_fixes_is_not_swept() -> None:
+    """`make sweep ARGS=model=tiny_trained`: the grid's model axis is replaced, so the sweep varies only the rest
+    (its name, its jobs' names and its grid params leave the model out) and has half the jobs."""
+    hydra = {
+        "sweeper": {"params": {"model": "tiny_trained,tiny_trained_dense", "decode.temperature": "0,1"}},
+        "overrides": {"task": ["model=tiny_trained", "decode.block_size=4,8"]},
+        "runtime": {"choices": {"hydra/sweeper": "basic"}},
+    }
+    jobs, swept = _grid(OmegaConf.create({"hydra": hydra}))
+    assert (jobs, swept) == (4, ["decode.temperature", "decode.block_size"])
+    assert sweep_name(swept, jobs).startswith("sweep of temperature × block_size · 4 jobs · ")

@@ -79,6 +79,54 @@ def checkpoint_bytes(path: Path, dtype: torch.dtype, text_only: bool) -> int:
     return total
 
 
+class CheckpointCorrupt(ValueError):
+    """A checkpoint file is unreadable: truncated, not JSON, or named by the index but absent."""
+
+
+def check_checkpoint(path: Path, what: str) -> None:
+    """Read every file a load would read, headers only, and name the first broken one and its directory.
+
+    Left to them, transformers and safetensors say `Error while deserializing header: MetadataIncompleteBuffer`
+    or `Expecting value: line 1 column 1` and name no file: an interrupted copy of a 50 GB checkpoint then
+    costs an hour to find. Only the headers are read (a few KiB per shard), so this costs nothing next to the
+    load."""
+
+    def broken(name: str, why: str) -> CheckpointCorrupt:
+        return CheckpointCorrupt(f"{what}: {name} in {path} {why}; copy the checkpoint again")
+
+    for name in ("config.json", "model.safetensors.index.json"):
+        file = path / name
+        if not file.is_file():
+            continue
+        try:
+            document = json.loads(file.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise broken(name, f"is not valid JSON ({error})") from error
+        if not isinstance(document, dict):
+            raise broken(name, "is not a JSON object")
+        if name.endswith(".index.json"):
+            for shard in sorted(set((document.get("weight_map") or {}).values())):
+                if not (path / shard).is_file():
+                    raise broken(shard, "is missing (model.safetensors.index.json names it)")
+    for shard in sorted(path.glob("*.safetensors")):
+        size = shard.stat().st_size
+        with shard.open("rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise broken(shard.name, f"is truncated ({size} bytes)")
+            (length,) = struct.unpack("<Q", head)
+            if length > size - 8:
+                raise broken(shard.name, f"is truncated ({size} bytes; its header alone claims {length})")
+            try:
+                header = json.loads(f.read(length))
+            except (UnicodeDecodeError, json.JSONDecodeError) as error:
+                raise broken(shard.name, "has an unreadable header (not a safetensors file?)") from error
+        ends = [int(entry["data_offsets"][1]) for key, entry in header.items() if key != "__metadata__"]
+        needed = 8 + length + max(ends, default=0)
+        if size < needed:
+            raise broken(shard.name, f"is truncated ({size} bytes of {needed})")
+
+
 class CheckpointTooLarge(RuntimeError):
     """The checkpoint's weights alone exceed the device's free memory (found before loading any)."""
 
@@ -136,6 +184,9 @@ def _load_model(spec: ModelSpec, seed: int) -> transformers.PreTrainedModel:
     path = checkpoint_dir(spec.path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"model directory {path} has no config.json (model.path)")
+    check_checkpoint(path, f"model {spec.name}")
+    if spec.draft is not None and spec.draft.source == "pretrained":
+        check_checkpoint(checkpoint_dir(spec.draft.path), f"model {spec.name}'s draft")
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     free = _free_memory(device)
@@ -170,7 +221,10 @@ def load_drafter(spec: ModelSpec, seed: int, target: transformers.PreTrainedMode
     if spec.draft.source == "config":
         draft = build_draft(spec.draft.config, seed, parameter.dtype, parameter.device)
     else:
-        draft = load_draft(checkpoint_dir(spec.draft.path), parameter.dtype, parameter.device)
+        folder = checkpoint_dir(spec.draft.path)
+        if (folder / "config.json").is_file():  # (load_draft says so when it is not)
+            check_checkpoint(folder, f"model {spec.name}'s draft")
+        draft = load_draft(folder, parameter.dtype, parameter.device)
     hidden = target.get_input_embeddings().embedding_dim
     if draft.config.hidden_size != hidden:
         raise ValueError(f"draft hidden_size {draft.config.hidden_size} differs from the target's {hidden}")
