@@ -118,3 +118,17 @@ def test_a_stop_swallowed_by_library_code_still_ends_the_run_killed(
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     assert runner.run(tmp_path / "spec.json") == 128 + signal.SIGTERM
     assert events(tmp_path)[-1].data == {"status": "KILLED", "error": "worker stopped by signal 15"}
+
+
+def test_a_tree_budget_the_model_cannot_hold_fails_before_any_decode_in_one_line(tmp_path: Path) -> None:
+    """`decode.tree_budgets=[100000]`: refused by the context (or the memory) check before the first prompt,
+    never a raw allocator error mid-sweep."""
+    spec = decode_spec(tmp_path)
+    spec["decode"].update(max_new_tokens=8, tree_budgets=[16, 100_000])
+    process = start_worker(tmp_path, spec)
+    assert process.wait(timeout=180) == 1, process.stderr.read().decode()[-2000:]
+    log = events(tmp_path)
+    error = log[-1].data["error"]
+    assert log[-1].data["status"] == "FAILED" and "decode.tree_budgets" in error and "\n" not in error, error
+    assert error.startswith("ValueError: ") and ("context of" in error or "needs at least" in error), error
+    assert not any(e.kind == "progress" and e.data.get("task") == "decode" for e in log)

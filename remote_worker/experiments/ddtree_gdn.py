@@ -23,6 +23,7 @@ from remote_worker import stop_signal
 from remote_worker.decoding.comparison import Comparison, Method, PromptRun, Settings, methods_for, run_prompt
 from remote_worker.decoding.compiled import CompiledRounds, compile_rounds, wanted
 from remote_worker.decoding.divergence import Divergence
+from remote_worker.decoding.tree_memory import budget_problem, free_bytes
 from remote_worker.events import EventLog
 from remote_worker.models.layout import layout_params
 from remote_worker.models.loading import (
@@ -62,7 +63,7 @@ def encode_all(
     overhang: int = 0,
 ) -> list[torch.Tensor]:
     """Every prompt's token ids; a prompt that leaves no room for the new tokens (and the `overhang` a last
-    round's draft may reach past them) is an error, before anything is decoded."""
+    round's draft block or tree may reach past them) is an error, before anything is decoded."""
     limit = context_length(target.model)
     encoded = []
     for prompt in prompts:
@@ -70,8 +71,9 @@ def encode_all(
         needed = ids.shape[0] + max_new_tokens + overhang
         if limit is not None and needed > limit:
             raise ValueError(
-                f"prompt {prompt.id!r} has {ids.shape[0]} tokens: with decode.max_new_tokens={max_new_tokens} it "
-                f"needs {needed} positions, more than model {name}'s context of {limit}"
+                f"prompt {prompt.id!r} has {ids.shape[0]} tokens: with decode.max_new_tokens={max_new_tokens} and "
+                f"{overhang} for a round's draft or tree (decode.tree_budgets) it needs {needed} positions, more "
+                f"than model {name}'s context of {limit}"
             )
         encoded.append(ids)
     return encoded
@@ -103,10 +105,13 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     )
     prompts = load_prompt_file(prompt_source(spec), spec.experiment.get("num_prompts"))
     enable_thinking = bool(spec.experiment.get("enable_thinking", False))
+    budgets = [int(b) for b in spec.decode.get("tree_budgets", [16, 32, 64])]
+    overhang = max(drafter.block_size, max(budgets) + 1)  # a last round's draft block, or its tree's nodes
     encoded = encode_all(
-        prompts, tokenizer, target, settings.max_new_tokens, enable_thinking, spec.model.name, drafter.block_size
+        prompts, tokenizer, target, settings.max_new_tokens, enable_thinking, spec.model.name, overhang
     )
-    methods = methods_for([int(b) for b in spec.decode.get("tree_budgets", [16, 32, 64])])
+    _check_budgets(target, budgets, max(len(ids) for ids in encoded) + settings.max_new_tokens)
+    methods = methods_for(budgets)
     passes = f" × {settings.repeats} repeats" if settings.repeats > 1 else ""
     log.progress("setup", 2, 2, f"{len(prompts)} prompts × {len(methods)} methods{passes}")
     compiled = _compiled_rounds(spec, log, target, drafter, methods, encoded, settings)
@@ -115,7 +120,6 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
         params = {**context, **_method_params(method, drafter.block_size, settings, len(prompts), compiled is not None)}
         log.emit("params", params, scope=method.scope)
     comparison = Comparison(methods, settings.temperature, target.dtype)
-    rounds_so_far = {m.scope: 0 for m in methods}
     total = len(prompts) * len(methods) * settings.repeats
     with (spec.run_dir / GENERATIONS_FILE).open("w", encoding="utf-8") as generations:
         for index, (prompt, ids) in enumerate(zip(prompts, encoded, strict=True)):
@@ -131,8 +135,6 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
             rounds, prefiller = (compiled.rounds, compiled.prefiller) if compiled is not None else (None, None)
             run = run_prompt(target, drafter, ids, methods, settings, index, announce, rounds, prefiller)
             divergences = comparison.add(run)
-            for method in methods:
-                _emit_rounds(log, method.scope, run.first(method.scope).acceptance_lengths, rounds_so_far)
             row = _generation_row(prompt, run, methods, divergences, tokenizer, comparison.exactness)
             generations.write(json.dumps(row, ensure_ascii=False) + "\n")
             generations.flush()
@@ -165,6 +167,16 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     log.emit("artifact", {"path": SUMMARY_FILE})
     log.emit("artifact", {"path": GENERATIONS_FILE})
     return _terminal_summary(summary)
+
+
+def _check_budgets(target: TargetModel, budgets: list[int], context: int) -> None:
+    """A budget whose tree the device cannot hold is one line before any decode (`tree_memory`), not an
+    allocator's error in the middle of the sweep."""
+    free = free_bytes(target.device)
+    for budget in sorted(budgets, reverse=True):
+        problem = budget_problem(target, budget, context, free)
+        if problem is not None:
+            raise ValueError(problem)
 
 
 def _compiled_rounds(
