@@ -5,15 +5,25 @@ from __future__ import annotations
 import csv
 import io
 import json
+import random
+import re
 from pathlib import Path
+from typing import Any
 
 from hydra import compose, initialize_config_dir
+from markdown_it import MarkdownIt
 
 from orchestrator import CONF_DIR
 from orchestrator.config.validation import validate
 from orchestrator.tracking.job_summary import generation_rows, summarize
 from orchestrator.tracking.runs import run_name
-from remote_worker.experiments.ddtree_gdn import best_basis, headline_metrics
+from remote_worker.experiments.ddtree_gdn import (
+    ONE_PASS,
+    _terminal_summary,
+    best_record,
+    headline_metrics,
+    judge,
+)
 
 SUMMARY = {
     "model": "tiny_trained",
@@ -28,7 +38,7 @@ SUMMARY = {
          "tokens_per_s_min": 240.0, "tokens_per_s_max": 260.0, "speedup_vs_ar": 2.5, "lossless": 0.5,
          "near_tie_divergences": 1.0, "unexplained_divergences": 0.0},
     ],
-    "best": {"scope": "ddtree_tb32", "basis": "one pass per prompt: no spread to tell noise from a difference"},
+    "best": {"scope": "ddtree_tb32", "fastest": "ddtree_tb32", "basis": ONE_PASS},
 }  # fmt: skip
 
 
@@ -38,9 +48,9 @@ def test_the_table_has_a_row_per_method_in_order_and_names_the_best() -> None:
     assert [row.split("|")[1].strip() for row in rows] == ["method", "ar", "dflash", "ddtree_tb32"]
     assert "| ddtree_tb32 | 4.50 | 250.0 | 240.0–260.0 | ×2.50 |" in rendered.markdown
     assert "1 / 0" in rendered.markdown  # near tie / unexplained
-    assert (
-        "Best: **ddtree_tb32**, ×2.50 vs AR at tau 4.50 (one pass per prompt: no spread to tell noise from a "
-        "difference)." in rendered.markdown
+    assert rendered.markdown.splitlines()[-1] == (
+        "Best: **ddtree_tb32**, ×2.50 vs AR at tau 4.50 — one pass per prompt (decode.repeats=1): no spread to "
+        "tell noise from a difference."
     )
     table = list(csv.DictReader(io.StringIO(rendered.csv)))
     assert [r["method"] for r in table] == ["ar", "dflash", "ddtree_tb32"] and table[2]["tree_budget"] == "32"
@@ -53,28 +63,89 @@ def test_the_description_answers_first_then_a_table_markdown_reads_as_columns() 
     )
     table = [line for line in lines if line.startswith("|")]
     assert table[1] == "|" + " --- |" * (table[0].count("|") - 1)  # one separator cell per column
-    assert lines[lines.index(table[0]) - 1] == ""  # a blank line before the table, or it is read as text
+    # MLflow's converter (showdown, GitHub flavour) reads a table only between blank lines (or the text's end)
+    assert lines[lines.index(table[0]) - 1] == "" and lines[lines.index(table[-1]) + 1] == ""
+    html = MarkdownIt("commonmark").enable("table").render("\n".join(lines))
+    assert re.findall(r"<th>(.*?)</th>", html)[:5] == ["method", "tau", "decode tok/s", "range", "speedup vs AR"]
+    first_row = re.search(r"<tbody>\s*<tr>(.*?)</tr>", html, re.S)
+    assert first_row and re.findall(r"<td>(.*?)</td>", first_row.group(1))[:4] == ["ar", "1.00", "100.0", "95.0–104.0"]
 
 
 def test_the_range_is_at_the_medians_precision_and_holds_it() -> None:
     method = {"scope": "ar", "tokens_per_s": 8.6, "tokens_per_s_min": 8.55, "tokens_per_s_max": 9.2}
     row = next(line for line in summarize({"methods": [method]}, "t").markdown.splitlines() if line.startswith("| ar"))
-    assert row == "| ar | 8.6 | 8.5–9.2 |"
+    assert row == "| ar | 8.6 | 8.6–9.2 |"
+    rng = random.Random(0)
+    for _ in range(2000):  # whatever the spread, the median printed lies inside the range printed beside it
+        low, median, high = sorted(rng.uniform(0, 50) for _ in range(3))
+        method = {"scope": "ar", "tokens_per_s": median, "tokens_per_s_min": low, "tokens_per_s_max": high}
+        row = next(line for line in summarize({"methods": [method]}, "t").markdown.splitlines() if "| ar" in line)
+        shown, spread = row.split(" | ")[1:3]
+        assert float(spread.split("–")[0]) <= float(shown) <= float(spread.split("–")[1].rstrip(" |")), row
 
 
-def test_the_best_says_how_sure_it_is() -> None:
-    def method(speedup: float, low: float, high: float, repeats: int = 3) -> dict[str, float]:
-        return {"speedup_vs_ar": speedup, "speedup_vs_ar_min": low, "speedup_vs_ar_max": high, "repeats": repeats}
+def _method(scope: str, speedup: float, low: float, high: float, repeats: int) -> dict[str, Any]:
+    return {"scope": scope, "method": scope.split("_")[0], "tau": 2.0 if scope != "ar" else 1.0,
+            "tokens_per_s": 100 * speedup, "speedup_vs_ar": speedup, "speedup_vs_ar_min": low,
+            "speedup_vs_ar_max": high, "repeats": float(repeats)}  # fmt: skip
 
-    ar = method(1.0, 1.0, 1.0)
-    clear = {"ar": ar, "dflash": method(1.5, 1.4, 1.6), "ddtree_tb32": method(2.0, 1.8, 2.2)}
-    assert best_basis(clear, "ddtree_tb32") == "ahead of every other method in all 3 passes"
-    close = {"ar": ar, "dflash": method(1.9, 1.7, 2.1), "ddtree_tb32": method(2.0, 1.8, 2.2)}
-    assert best_basis(close, "ddtree_tb32") == "not clearly ahead: its range over 3 passes overlaps another method's"
-    once = {"ar": ar, "dflash": method(0.47, 0.47, 0.47, 1)}
-    assert best_basis(once, "dflash") == (
-        "slower than AR; one pass per prompt: no spread to tell noise from a difference"
+
+def _what_the_job_says(*methods: dict[str, Any]) -> tuple[str, str, dict[str, float]]:
+    """The description's Best line, the terminal's `best` row and the `best.*` metrics, for a worker summary."""
+    summary = {m["scope"]: {k: v for k, v in m.items() if isinstance(v, float)} for m in methods}
+    headline, verdict = headline_metrics(summary)
+    document = {"methods": list(methods), "best": best_record(verdict)}
+    line = summarize(document, "t").markdown.splitlines()[-1]
+    row = _terminal_summary({scope: {**m, "repetition_share": 0.0} for scope, m in summary.items()}, verdict)
+    return line, row["best"], {k: v for k, v in headline.items() if k.startswith("best.")}
+
+
+def test_one_pass_names_its_fastest_and_says_it_is_one_pass() -> None:
+    line, row, best = _what_the_job_says(
+        _method("ar", 1.0, 1.0, 1.0, 1), _method("dflash", 1.9, 1.9, 1.9, 1), _method("ddtree_tb32", 2.1, 2.1, 2.1, 1)
     )
+    assert line == (
+        "Best: **ddtree_tb32**, ×2.10 vs AR at tau 2.00 — one pass per prompt (decode.repeats=1): no spread to tell "
+        "noise from a difference."
+    )
+    assert row == line.removeprefix("Best: ").replace("**", "").removesuffix(".")
+    assert best == {"best.speedup_vs_ar": 2.1, "best.tau": 2.0, "best.tokens_per_s": 210.0}
+
+
+def test_with_repeats_a_method_is_named_only_when_ahead_in_every_pass() -> None:
+    ar = _method("ar", 1.0, 1.0, 1.0, 3)
+    line, row, best = _what_the_job_says(
+        ar, _method("dflash", 1.5, 1.4, 1.6, 3), _method("ddtree_tb32", 2.0, 1.8, 2.2, 3)
+    )
+    assert line == (
+        "Best: **ddtree_tb32**, ×2.00 vs AR at tau 2.00 — ahead in all 3 passes: its slowest ×1.80 beats dflash's "
+        "fastest ×1.60."
+    )
+    assert best["best.speedup_vs_ar"] == 2.0
+    line, row, best = _what_the_job_says(
+        ar, _method("dflash", 1.9, 1.7, 2.1, 3), _method("ddtree_tb32", 2.0, 1.8, 2.2, 3)
+    )
+    assert line == "Best: no method is clearly ahead over 3 passes: ddtree_tb32 ×1.80–2.20 overlaps dflash ×1.70–2.10."
+    assert row == line.removeprefix("Best: ").removesuffix(".")
+    assert best == {}  # no best.* figures where no method is named
+
+
+def test_a_slowdown_is_never_best_without_saying_it_is_slower_than_ar() -> None:
+    line, row, best = _what_the_job_says(_method("ar", 1.0, 1.0, 1.0, 1), _method("dflash", 0.47, 0.47, 0.47, 1))
+    assert line == (
+        "Best: **dflash**, ×0.47 vs AR at tau 2.00 — slower than AR, as is every drafting method here; one pass per "
+        "prompt (decode.repeats=1): no spread to tell noise from a difference."
+    )
+    assert "slower than AR" in row
+    line, _, best = _what_the_job_says(
+        _method("ar", 1.0, 1.0, 1.0, 3), _method("dflash", 0.6, 0.5, 0.7, 3), _method("ddtree_tb32", 0.65, 0.55, 0.8, 3)
+    )
+    assert line == (
+        "Best: no method is clearly ahead over 3 passes: ddtree_tb32 ×0.55–0.80 overlaps dflash ×0.50–0.70; every "
+        "drafting method is slower than AR."
+    )
+    assert best == {}
+    assert judge({"ar": {"speedup_vs_ar": 1.0}}) is None  # AR alone: nothing to name
 
 
 def test_at_temperature_above_zero_the_exactness_columns_are_left_out() -> None:
@@ -83,10 +154,15 @@ def test_at_temperature_above_zero_the_exactness_columns_are_left_out() -> None:
     assert "lossless" not in summarize(hot, "t").markdown
 
 
-def test_headline_metrics_name_the_best_drafting_method() -> None:
+def test_the_jobs_metrics_lead_with_the_best_then_each_figure_across_methods() -> None:
     summary = {m["scope"]: {k: v for k, v in m.items() if isinstance(v, float)} for m in SUMMARY["methods"]}
-    headline, best = headline_metrics(summary)
-    assert best == "ddtree_tb32"
+    headline, verdict = headline_metrics(summary)
+    assert verdict is not None and verdict.best == "ddtree_tb32"
+    assert list(headline)[:9] == [  # the order the job's run page lists them in (first logged, first listed)
+        "best.speedup_vs_ar", "best.tau", "best.tokens_per_s",
+        "ar.tau", "dflash.tau", "ddtree_tb32.tau",
+        "ar.speedup_vs_ar", "dflash.speedup_vs_ar", "ddtree_tb32.speedup_vs_ar",
+    ]  # fmt: skip
     assert headline["best.speedup_vs_ar"] == 2.5 and headline["ar.tokens_per_s"] == 100.0
     assert headline["dflash.tau"] == 3.4
 

@@ -584,6 +584,27 @@ def test_a_progress_line_fits_80_columns_with_its_count_and_eta_whole() -> None:
     assert f" 32/120 {message} " in wide.text and "…" not in wide.text
 
 
+@pytest.mark.parametrize("width", [80, 60])
+def test_the_progress_a_terminal_keeps_on_screen_has_its_count_and_eta_whole(width: int) -> None:
+    # At a terminal rich redraws the bars in place (erase the lines, draw again): what stays on the screen
+    # is the last frame, after the last erase. Each of its lines takes the whole width and no more; what gave
+    # way is the bar, the description and (at 60) the label, never `32/120` or `0:00:12 eta 0:01:28`.
+    screen = io.StringIO()
+    console = Console(file=screen, width=width, force_terminal=True, color_system=None)
+    now = [0.0]
+    with LiveProgress(console, clock=lambda: now[0]) as live:
+        live.show(progress(0, "setup", 2, 2, "8 prompts × 5 methods"))
+        live.show(progress(1, "decode", 20, 120, "ddtree_tb32 · prompt 2/8", scope="ddtree_tb32"))
+        now[0] = 12.0
+        live.show(progress(2, "decode", 32, 120, "ddtree_tb32 · prompt 3/8 · tau 4.53 · 300 tok/s", scope="ddtree_tb32"))
+    last_frame = screen.getvalue().rsplit("\x1b[2K", 1)[-1].replace("\x1b[?25h", "")  # (the cursor shown again)
+    setup, decode = last_frame.splitlines()
+    assert len(setup) == len(decode) == width, last_frame
+    assert re.fullmatch(r" +setup +━+ +2/2 +8 pro[^…]*… 0:00:00 eta 0:00:00", setup), setup
+    label = "ddtree_tb32/decode" if width == 80 else r"ddtree_tb\d*…"
+    assert re.fullmatch(rf"\S {label} +━+╸ + 32/120 ddtree[^…]*… 0:00:12 eta 0:01:28", decode), decode
+
+
 def launched_and_left(tmp_path: Path, tracking: FakeTracking, lines: list[bytes], looks: int) -> FakeHost:
     """A run started with detach=true whose worker then ran `looks` steps with nobody following it."""
     host = FakeHost(FakeWorker(lines))

@@ -134,16 +134,13 @@ def test_a_changed_host_key_stops_the_run_at_once_with_the_fix(
     known.write_text(f"[127.0.0.1]:{sshd.port} ssh-ed25519 {other}\n")
     workdir = tmp_path / "remote"
     args = ssh_args(sshd, mlflow_server, workdir, tmp_path / "state", "experiment=probe", f"host.known_hosts={known}")
-    started = time.monotonic()
     result = run_orchestrator(args, tmp_path)
-    took = time.monotonic() - started
     assert result.returncode == 1
     assert "host key CHANGED" in result.stdout
     assert "reconnecting" not in result.stdout and "lost " not in result.stdout  # not read as a network drop
     assert not workdir.exists(), "nothing may be created on a host whose key does not match"
-    # No reconnects: the orchestrator's start-up (Hydra, MLflow) and one SSH handshake; the 20 s of reconnect
-    # budget a network drop gets would not fit.
-    assert took < 15, took
+    # How fast it stops is timed in-process below: this command's own start-up (Hydra, MLflow) varies too
+    # much with the machine's load for a wall-clock bound here.
     client = MlflowClient(tracking_uri=mlflow_server.uri)
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()], "tags.failure_stage = 'connect'")
     (error,) = [r.data.tags["error"] for r in runs if "CHANGED" in r.data.tags["error"]]

@@ -197,3 +197,20 @@ def test_a_host_names_its_own_default_model_and_the_command_line_still_wins() ->
     assert composed(["host=kpro5"])["model"]["name"] == "qwen3_6_27b"
     assert composed(["host=kpro5", "model=tiny_dense"])["model"]["name"] == "tiny_dense"
     assert composed([])["model"]["name"] == "tiny_trained"  # make run: the local host, the embedded pair
+
+
+def test_the_readmes_config_error_examples_are_what_the_command_prints() -> None:
+    """Every `$ python -m orchestrator <override>` followed by a `config error:` line in the README is checked
+    against the real message, so the manual cannot drift from the code (a new model, a reworded line)."""
+    lines = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8").splitlines()
+    examples = [
+        (lines[i].split("python -m orchestrator ", 1)[1].split(), lines[i + 1].strip())
+        for i in range(len(lines) - 1)
+        if lines[i].strip().startswith("$ python -m orchestrator ") and lines[i + 1].strip().startswith("config error:")
+    ]
+    assert len(examples) >= 4
+    for overrides, written in examples:
+        with pytest.raises(ConfigError) as err:
+            check_group_choices(overrides, CONF_DIR)
+            composed(overrides)
+        assert f"config error: {err.value}" == written, overrides

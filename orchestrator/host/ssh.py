@@ -46,11 +46,13 @@ def _connect_failure(host: SSHSettings, error: Exception) -> ConnectFailed:
     return ConnectFailed(f"cannot connect to {where}: {type(error).__name__}: {error}")
 
 
-def _changed_key(host: SSHSettings, error: paramiko.BadHostKeyException) -> HostKeyRefused:
-    """The host offered a key other than the one known_hosts holds for it: one line with the fix."""
-    known_hosts = os.path.expanduser(host.known_hosts)
-    port = host.port or 22
-    entry = host.hostname if port == 22 else f"[{host.hostname}]:{port}"
+def _changed_key(known_hosts: str, port: int, error: paramiko.BadHostKeyException) -> HostKeyRefused:
+    """The host offered a key other than the one known_hosts holds for it: one line with the fix.
+
+    The entry to remove is named as known_hosts names it: the address paramiko dialled (`error.hostname`, an
+    ssh-config alias already resolved to its HostName) and, off port 22, in brackets with the port. Naming the
+    alias or the configured port instead would give an `ssh-keygen -R` that removes nothing."""
+    entry = error.hostname if port == 22 else f"[{error.hostname}]:{port}"
     return HostKeyRefused(
         f"{entry}: host key CHANGED (now {error.key.get_name()} {error.key.fingerprint}; reinstalled, or someone "
         f"in the middle). If the host's owner confirms it: `ssh-keygen -f {shlex.quote(known_hosts)} -R "
@@ -157,12 +159,21 @@ class SSHTransport:
         except HostKeyRefused:
             raise
         except paramiko.BadHostKeyException as changed:  # not a network blip: no reconnect would change it
-            raise _changed_key(self.ssh, changed) from changed
+            known_hosts = os.path.expanduser(self.ssh.known_hosts)
+            raise _changed_key(known_hosts, self._port_of(changed.hostname), changed) from changed
         except CONNECTION_ERRORS as error:
             raise _connect_failure(self.ssh, error) from error
         _detect_dead_links(self._connection, self.ssh)
         if isinstance(self._connection.gateway, Connection):
             _detect_dead_links(self._connection.gateway, self.ssh)
+
+    def _port_of(self, address: str) -> int:
+        """The port dialled for `address`: the gateway's when it is the gateway's host (ProxyJump), else the
+        target's, each as the ssh config resolved it."""
+        gateway = self._connection.gateway
+        if isinstance(gateway, Connection) and gateway.host == address and self._connection.host != address:
+            return int(gateway.port or 22)
+        return int(self._connection.port or 22)
 
     def reconnect(self) -> None:
         self.close()

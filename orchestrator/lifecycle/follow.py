@@ -40,6 +40,8 @@ class Reconnect:
         self.lost_since, self.delay = None, 0.5
 
     def after(self, error: Exception) -> None:
+        if isinstance(error, HostKeyRefused):  # a command reopened the connection itself and met a changed key
+            raise HostLost(f"{self.transport.name}: {error}") from error
         now = time.monotonic()
         if self.lost_since is None:
             self.lost_since = now

@@ -121,7 +121,9 @@ def _grid(config: DictConfig) -> tuple[int | None, list[str]]:
         overrides = OverridesParser.create().parse_overrides([*params, *hydra_cfg.overrides.task])
     except Exception:  # noqa: BLE001 - a nicety; the sweep itself reports a bad override
         return None, []
-    swept = list(dict.fromkeys(o.get_key_element() for o in overrides if o.is_sweep_override()))
+    # The command line's value replaces the grid's (as in the basic sweeper): `model=x` ends a `model` axis.
+    last = {o.get_key_element(): o.is_sweep_override() for o in overrides}
+    swept = [key for key, sweeps in last.items() if sweeps]
     if str(hydra_cfg.runtime.choices.get("hydra/sweeper", "basic")) != "basic":
         return None, swept
     try:

@@ -10,16 +10,19 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# The range beside the median tokens/s is printed at the median's own precision: rounding to one format keeps
+# order, so the median shown always lies inside it (rounded to whole numbers, 8.55–9.2 read "9–9" beside 8.6).
+TOKENS_PER_S = "{:.1f}"
+
 # (column, metric key, format) for the table; a metric a run lacks (lossless at T > 0) is left out.
 COLUMNS = (
     ("tau", "tau", "{:.2f}"),
-    ("decode tok/s", "tokens_per_s", "{:.1f}"),
-    ("range", ("tokens_per_s_min", "tokens_per_s_max"), "range"),  # see _range
+    ("decode tok/s", "tokens_per_s", TOKENS_PER_S),
+    ("range", ("tokens_per_s_min", "tokens_per_s_max"), f"{TOKENS_PER_S}–{TOKENS_PER_S}"),
     ("speedup vs AR", "speedup_vs_ar", "×{:.2f}"),
     ("tpot ms", "tpot_ms", "{:.2f}"),
     ("prefill ms", "prefill_ms", "{:.1f}"),
@@ -63,15 +66,9 @@ def summarize(document: dict[str, Any], title: str) -> JobSummary:
     for method in methods:
         cells = [_cell(method, key, form) for _name, key, form in columns]
         lines.append(f"| {method.get('scope', '?')} | " + " | ".join(cells) + " |")
-    best = document.get("best") or {}
-    chosen = next((m for m in methods if m.get("scope") == best.get("scope")), None)
-    if chosen is not None:
-        basis = f" ({best['basis']})" if best.get("basis") else ""
-        lines += [
-            "",
-            f"Best: **{chosen['scope']}**, ×{chosen.get('speedup_vs_ar', 0):.2f} vs AR at tau "
-            f"{chosen.get('tau', 0):.2f}{basis}.",
-        ]
+    best = best_line(methods, document.get("best") or {})
+    if best:
+        lines += ["", best]
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow(["method", "tree_budget", *CSV_KEYS])
@@ -95,6 +92,18 @@ def answer(methods: list[dict[str, Any]]) -> str:
             text += ", lossless" if method["lossless"] == 1 else f", lossless {method['lossless']:.2f}"
         parts.append(text)
     return " · ".join(parts) or "No drafting method ran: nothing to compare with AR."
+
+
+def best_line(methods: list[dict[str, Any]], best: dict[str, Any]) -> str:
+    """The worker's verdict (`best` in decode_summary.json): the method it names, with the basis that says how
+    far to trust it (one pass, ahead in every pass, slower than AR), or, where it names none, why (`no method
+    is clearly ahead …`). Empty for a summary written before the worker judged."""
+    chosen = next((m for m in methods if best.get("scope") and m.get("scope") == best["scope"]), None)
+    basis = str(best.get("basis") or "")
+    if chosen is None:
+        return f"Best: {basis}." if basis else ""
+    figures = f"×{chosen.get('speedup_vs_ar', 0):.2f} vs AR at tau {chosen.get('tau', 0):.2f}"
+    return f"Best: **{chosen['scope']}**, {figures}" + (f" — {basis}." if basis else ".")
 
 
 def generation_rows(path: Path) -> dict[str, list[Any]]:
@@ -129,13 +138,7 @@ def _cell(method: dict[str, Any], key: str | tuple[str, ...], form: str) -> str:
     if not _has(method, key):
         return ""
     keys = key if isinstance(key, tuple) else (key,)
-    return _range(*(method[k] for k in keys)) if form == "range" else form.format(*(method[k] for k in keys))
-
-
-def _range(low: float, high: float) -> str:
-    """`8.5–9.2`: at the median's precision (one decimal), the low end rounded down and the high end up, so
-    the median shown beside it is always inside (rounded to whole numbers, 8.55–9.2 read "9–9" next to 8.6)."""
-    return f"{math.floor(low * 10) / 10:.1f}–{math.ceil(high * 10) / 10:.1f}"
+    return form.format(*(method[k] for k in keys))
 
 
 def prompt_dataset(path: Path, name: str) -> Any:

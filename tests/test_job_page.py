@@ -1,0 +1,90 @@
+"""What MLflow shows first on a job's pages, from a real decode job on the tiny hybrid model, applied to an
+MLflow store the way the orchestrator applies it.
+
+MLflow 3.17's run page lists a run's metrics in the order the store returns them, which is the order they
+were first logged (the compare view and the charts sort names alphabetically instead), so what a page leads
+with is decided by the worker's logging order."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+from omegaconf import OmegaConf
+
+from orchestrator import CONF_DIR
+from orchestrator.host.local import LocalTransport
+from orchestrator.stream.events import split_events
+from orchestrator.stream.sink import MlflowSink
+from orchestrator.stream.state import StateStore, StreamState
+from orchestrator.tracking.job_summary import summarize
+from remote_worker.events import EVENTS_FILE, EventLog
+from remote_worker.experiments.ddtree_gdn import SUMMARY_FILE, run_ddtree_gdn
+from remote_worker.spec import parse_spec
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[MlflowClient, str, dict[str, str], Path, dict[str, str]]:
+    """One decode job (two prompts, AR, DFlash, DDTree-4) logged to a local MLflow store through the sink."""
+    root = tmp_path_factory.mktemp("job")
+    run_dir = root / "run"
+    run_dir.mkdir()
+    model = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / "tiny_hybrid.yaml"))
+    raw = {
+        "run_id": "t",
+        "run_dir": str(run_dir),
+        "seed": 0,
+        "experiment": {"name": "ddtree_gdn", "num_prompts": 2},
+        "model": {**model, "device": "cpu"},
+        "decode": {"max_new_tokens": 12, "tree_budgets": [4], "compile": False},
+    }
+    log = EventLog(run_dir)
+    terminal = run_ddtree_gdn(parse_spec(raw, run_dir), log)
+    log.close()
+    client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
+    experiment_id = client.create_experiment("ddtree_gdn", artifact_location=(root / "artifacts").as_uri())
+    run_id = client.create_run(experiment_id).info.run_id
+    states = StateStore(root / "state")
+    state = StreamState(run_id=run_id, host="local", run_dir=str(run_dir))
+    sink = MlflowSink(client, experiment_id, state, states, LocalTransport())
+    events, consumed = split_events((run_dir / EVENTS_FILE).read_bytes())
+    sink.apply(events, consumed)
+    return client, run_id, dict(sink.state.children), run_dir, terminal
+
+
+def test_a_methods_page_leads_with_its_headline_figures(job) -> None:
+    client, _run_id, children, _run_dir, _terminal = job
+    for scope in ("ar", "dflash", "ddtree_tb4"):
+        listed = list(client.get_run(children[scope]).data.metrics)  # in the store's order: the page's
+        assert listed[:4] == ["tau", "speedup_vs_ar", "tokens_per_s", "lossless"], scope
+        assert listed[-1] == "round.accepted_tokens" and "acceptance_length" not in listed, scope
+
+
+def test_the_per_round_series_is_named_per_round_and_holds_every_round(job) -> None:
+    client, _run_id, children, run_dir, _terminal = job
+    document = json.loads((run_dir / SUMMARY_FILE).read_text())
+    for scope, lengths in document["acceptance_lengths"].items():
+        history = sorted(client.get_metric_history(children[scope], "round.accepted_tokens"), key=lambda m: m.step)
+        assert [(m.step, m.value) for m in history] == list(enumerate(map(float, lengths))), scope
+        child = client.get_run(children[scope]).data.metrics
+        assert child["acceptance_length_mean"] == pytest.approx(sum(lengths) / len(lengths))
+
+
+def test_the_jobs_page_leads_with_the_best_and_says_it_is_one_pass(job) -> None:
+    client, run_id, _children, run_dir, terminal = job
+    run = client.get_run(run_id)
+    listed = list(run.data.metrics)
+    assert listed[:4] == ["best.speedup_vs_ar", "best.tau", "best.tokens_per_s", "ar.tau"]
+    best = run.data.tags["best.method"]
+    assert run.data.metrics["best.speedup_vs_ar"] == run.data.metrics[f"{best}.speedup_vs_ar"]
+    assert run.data.tags["best.basis"].startswith("one pass per prompt (decode.repeats=1)")
+    description = summarize(json.loads((run_dir / SUMMARY_FILE).read_text()), "t").markdown.splitlines()
+    assert description[0].startswith("**DDTree-4**: tau ") and " · **DFlash**: tau " in description[0]
+    assert description[-1].startswith(f"Best: **{best}**, ×") and description[-1].endswith(
+        "one pass per prompt (decode.repeats=1): no spread to tell noise from a difference."
+    )
+    assert terminal["best"].startswith(f"{best}, ×") and terminal["best"].endswith(
+        "no spread to tell noise from a difference"
+    )
