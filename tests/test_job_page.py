@@ -21,13 +21,13 @@ from orchestrator.stream.sink import MlflowSink
 from orchestrator.stream.state import StateStore, StreamState
 from orchestrator.tracking.job_summary import summarize
 from remote_worker.events import EVENTS_FILE, EventLog
-from remote_worker.experiments.ddtree_gdn import SUMMARY_FILE, run_ddtree_gdn
+from remote_worker.experiments.ddtree_gdn import ONE_PASS, SUMMARY_FILE, run_ddtree_gdn
 from remote_worker.spec import parse_spec
 
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[MlflowClient, str, dict[str, str], Path, dict[str, str]]:
-    """One decode job (two prompts, AR, DFlash, DDTree-4) logged to a local MLflow store through the sink."""
+    """One decode job (a prompt, AR, DFlash, DDTree-4) logged to a local MLflow store through the sink."""
     root = tmp_path_factory.mktemp("job")
     run_dir = root / "run"
     run_dir.mkdir()
@@ -36,7 +36,7 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[MlflowClient, str, di
         "run_id": "t",
         "run_dir": str(run_dir),
         "seed": 0,
-        "experiment": {"name": "ddtree_gdn", "num_prompts": 2},
+        "experiment": {"name": "ddtree_gdn", "num_prompts": 1},
         "model": {**model, "device": "cpu"},
         "decode": {"max_new_tokens": 12, "tree_budgets": [4], "compile": False},
     }
@@ -79,12 +79,11 @@ def test_the_jobs_page_leads_with_the_best_and_says_it_is_one_pass(job) -> None:
     assert listed[:4] == ["best.speedup_vs_ar", "best.tau", "best.tokens_per_s", "ar.tau"]
     best = run.data.tags["best.method"]
     assert run.data.metrics["best.speedup_vs_ar"] == run.data.metrics[f"{best}.speedup_vs_ar"]
-    assert run.data.tags["best.basis"].startswith("one pass per prompt (decode.repeats=1)")
+    slower = run.data.metrics["best.speedup_vs_ar"] < 1  # the random tiny model's draft may well be
+    assert run.data.tags["best.basis"].startswith("slower than AR") == slower
+    assert run.data.tags["best.basis"].endswith(ONE_PASS)
     description = summarize(json.loads((run_dir / SUMMARY_FILE).read_text()), "t").markdown.splitlines()
     assert description[0].startswith("**DDTree-4**: tau ") and " · **DFlash**: tau " in description[0]
-    assert description[-1].startswith(f"Best: **{best}**, ×") and description[-1].endswith(
-        "one pass per prompt (decode.repeats=1): no spread to tell noise from a difference."
-    )
-    assert terminal["best"].startswith(f"{best}, ×") and terminal["best"].endswith(
-        "no spread to tell noise from a difference"
-    )
+    figures = f"×{run.data.metrics['best.speedup_vs_ar']:.2f} vs AR at tau {run.data.metrics['best.tau']:.2f}"
+    assert description[2] == f"Best: **{best}**, {figures} — {run.data.tags['best.basis']}."
+    assert terminal["best"] == f"{best}, {figures} — {run.data.tags['best.basis']}"  # the terminal says the same

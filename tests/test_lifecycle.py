@@ -596,7 +596,8 @@ def test_the_progress_a_terminal_keeps_on_screen_has_its_count_and_eta_whole(wid
         live.show(progress(0, "setup", 2, 2, "8 prompts × 5 methods"))
         live.show(progress(1, "decode", 20, 120, "ddtree_tb32 · prompt 2/8", scope="ddtree_tb32"))
         now[0] = 12.0
-        live.show(progress(2, "decode", 32, 120, "ddtree_tb32 · prompt 3/8 · tau 4.53 · 300 tok/s", scope="ddtree_tb32"))
+        message = "ddtree_tb32 · prompt 3/8 · tau 4.53 · 300 tok/s"
+        live.show(progress(2, "decode", 32, 120, message, scope="ddtree_tb32"))
     last_frame = screen.getvalue().rsplit("\x1b[2K", 1)[-1].replace("\x1b[?25h", "")  # (the cursor shown again)
     setup, decode = last_frame.splitlines()
     assert len(setup) == len(decode) == width, last_frame

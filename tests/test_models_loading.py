@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from safetensors.torch import save_file
 from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
@@ -183,3 +185,32 @@ def test_a_corrupt_checkpoint_names_the_file_and_its_directory(
     with pytest.raises(CheckpointCorrupt, match=expected) as err:
         load_model(spec, seed=0)
     assert "\n" not in str(err.value) and str(err.value).endswith("; copy the checkpoint again")
+
+
+def test_a_truncated_shard_is_the_runs_error_line_not_a_safetensors_message(tmp_path: Path) -> None:
+    """What the researcher reads: the worker's end event (the run's `error` tag and the terminal's line) for
+    an interrupted copy of the shipped trained pair's target."""
+    from orchestrator import CONF_DIR
+    from orchestrator.stream.events import split_events
+    from remote_worker import runner
+    from remote_worker.events import EVENTS_FILE
+    from remote_worker.models.loading import checkpoint_dir
+
+    folder = tmp_path / "target"
+    shutil.copytree(checkpoint_dir("fixtures/tiny_trained/target"), folder)
+    shard = folder / "model.safetensors"
+    size = shard.stat().st_size
+    shard.write_bytes(shard.read_bytes()[: size - 1000])
+    model = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / "tiny_trained.yaml"))
+    model.update(path=str(folder), device="cpu")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    spec = {"run_id": "t", "run_dir": str(run_dir), "seed": 0, "experiment": {"name": "ddtree_gdn"}, "model": model}
+    (run_dir / "spec.json").write_text(json.dumps(spec))
+    assert runner.run(run_dir / "spec.json") == 1
+    end = split_events((run_dir / EVENTS_FILE).read_bytes())[0][-1]
+    assert end.kind == "end" and end.data == {
+        "status": "FAILED",
+        "error": f"remote_worker.models.loading.CheckpointCorrupt: model tiny_trained: model.safetensors in {folder} "
+        f"is truncated ({size - 1000} bytes of {size}); copy the checkpoint again",
+    }

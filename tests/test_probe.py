@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
+import torch
 from omegaconf import OmegaConf
+from rich.console import Console
 
 from orchestrator import CONF_DIR
+from orchestrator.lifecycle.display import summary_table
 from orchestrator.stream.events import split_events
+from remote_worker.cache import hybrid_cache
 from remote_worker.events import EVENTS_FILE, EventLog
 from remote_worker.experiments.probe import PROBE_FILE, run_probe
+from remote_worker.probes.hybrid_cache_check import verdict
 from remote_worker.spec import parse_spec
 
 pytestmark = pytest.mark.worker  # also run under the oldest supported transformers (make test-compat)
@@ -99,3 +105,56 @@ def test_crop_outside_the_prefill_is_refused(tmp_path: Path, crop: int) -> None:
     spec = parse_spec(raw, tmp_path)
     with pytest.raises(ValueError, match="crop_tokens"):
         run_probe(spec, EventLog(tmp_path))
+
+
+def rendered(summary: dict[str, str]) -> str:
+    """The run summary as the terminal shows it at 80 columns."""
+    console = Console(width=80, record=True, color_system=None)
+    console.print(summary_table("FINISHED", None, summary, {}))
+    return console.export_text()
+
+
+def test_the_hybrid_cache_is_judged_against_the_rounding_bound_of_its_own_logits(tmp_path: Path) -> None:
+    """The trained tiny pair's logits reach ~13, so float32 differences of ~7e-6 are rounding (a random tiny
+    model's logits stay below 1, hence ~2e-7 there): the probe reports the bound the arithmetic allows at this
+    scale, 2·λ·(layers+1)·√(longest sum)·u·max|logit|, and its verdict, not a fixed figure."""
+    report, summary, events = run(tmp_path, "tiny_trained")
+    hybrid = report["hybrid_cache"]
+    layers, longest = 4, 384  # the fixture's 4 layers (+ the head); its MLP sums 384 products
+    expected = 2 * 8.0 * (layers + 1) * math.sqrt(longest) * 2.0**-24 * hybrid["logits_scale"]
+    assert hybrid["rounding_bound"] == pytest.approx(expected, rel=1e-12)
+    assert hybrid["logits_scale"] > 5  # a trained model: the regime where a fixed 1e-7 was wrong
+    assert 0 < hybrid["tree_verify_max_abs_diff"] <= hybrid["rounding_bound"]
+    assert hybrid["commit_logits_max_abs_diff"] <= hybrid["rounding_bound"]
+    assert hybrid["exact"] == "yes"
+    metrics = {k: v for e in events if e.kind == "metrics" for k, v in e.data.items()}
+    params = {k: v for e in events if e.kind == "params" for k, v in e.data.items()}
+    assert metrics["probe.hybrid_cache.rounding_bound"] == hybrid["rounding_bound"]
+    assert params["probe.hybrid_cache.exact"] == "yes"
+    text = rendered(summary)
+    bound = f"{hybrid['rounding_bound']:.3g} (logits up to {hybrid['logits_scale']:.3g})"
+    assert f"│ hybrid cache: rounding bound        │ {bound}" in text, text
+    assert "│ hybrid cache exact                  │ yes" in text, text
+    assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_a_cache_that_drops_the_committed_state_is_called_not_exact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The verdict can fail: a commit that forgets the accepted path's GDN update (and so every prefill, which
+    commits its chunks) is far beyond rounding."""
+    monkeypatch.setattr(hybrid_cache, "commit_state", lambda state, *args, **kwargs: state)
+    report, summary, _ = run(tmp_path, "tiny_trained")
+    hybrid = report["hybrid_cache"]
+    assert hybrid["commit_logits_max_abs_diff"] > 5 * hybrid["rounding_bound"]
+    error = max(hybrid["tree_verify_max_abs_diff"], hybrid["commit_logits_max_abs_diff"])
+    bound = hybrid["rounding_bound"]
+    assert hybrid["exact"] == f"NO: {error:.3g} > {bound:.3g}"
+    assert f"│ hybrid cache exact                  │ NO: {error:.3g} > {bound:.3g}" in rendered(summary)
+
+
+def test_no_verdict_where_rounding_could_explain_any_difference() -> None:
+    """Where the bound reaches the logits themselves (bfloat16 at real widths), "yes" would mean nothing."""
+    assert verdict(0.5, bound=40.0, scale=20.0, dtype=torch.bfloat16) == "cannot tell in bfloat16: probe in float32"
+    assert verdict(0.5, bound=0.6, scale=20.0, dtype=torch.float32) == "yes"
+    assert verdict(0.7, bound=0.6, scale=20.0, dtype=torch.float32) == "NO: 0.7 > 0.6"

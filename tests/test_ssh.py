@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import stat
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,6 +20,9 @@ from mlflow.tracking import MlflowClient
 from orchestrator import PROJECT_ROOT
 from orchestrator.host.ssh import HostKeyRefused, SSHTransport
 from orchestrator.host.sync import COMPLETE_MARK, sync_code
+from orchestrator.host.transport import CONNECTION_ERRORS
+from orchestrator.lifecycle.errors import HostLost
+from orchestrator.lifecycle.follow import Reconnect
 from tests.conftest import MlflowServer, free_port, run_orchestrator, start_orchestrator
 from tests.sshd import SSHServer
 from tests.test_end_to_end import mlflow_metrics, worker_metrics_for
@@ -203,6 +208,75 @@ def test_a_changed_host_key_is_refused_even_with_accept_new(sshd: SSHServer, tmp
     with pytest.raises(Exception, match=r"(?i)host key"):
         transport.run(["true"])
     transport.close()
+
+
+WRONG_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDC5fU0VpbVl0nKuUl0E4Am8YUl0IYb3y1uM0x6s9F1w"  # not the server's
+
+
+def test_a_changed_key_names_the_entry_as_known_hosts_has_it_and_its_fix_works(
+    sshd: SSHServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """host.hostname is an ~/.ssh/config alias whose HostName and Port the ssh config gives: the line names
+    the entry known_hosts holds (`[127.0.0.1]:<port>`, not the alias), at once, and the `ssh-keygen -R`
+    it prints, run as printed, removes that entry and no other."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "config").write_text(f"Host kpro5-alias\n  HostName {sshd.address}\n  Port {sshd.port}\n")
+    monkeypatch.setenv("HOME", str(home))
+    known = tmp_path / "known hosts"  # a space: the printed command must quote it
+    unrelated = f"elsewhere.example {sshd.host_public_key}"
+    known.write_text(f"[{sshd.address}]:{sshd.port} {WRONG_KEY}\n{unrelated}\n")
+    transport = SSHTransport(sshd.host_config(tmp_path, hostname="kpro5-alias", port=None, known_hosts=str(known)))
+    started = time.monotonic()
+    with pytest.raises(HostKeyRefused) as refused:
+        transport.open()
+    assert time.monotonic() - started < 5, "one handshake, no retries"
+    entry = f"[{sshd.address}]:{sshd.port}"
+    fingerprint = subprocess.run(
+        ["ssh-keygen", "-l", "-f", "-"], input=sshd.host_public_key, capture_output=True, text=True, check=True
+    ).stdout.split()[1]
+    assert str(refused.value) == (
+        f"{entry}: host key CHANGED (now ssh-ed25519 {fingerprint}; reinstalled, or someone in the middle). "
+        f"If the host's owner confirms it: `ssh-keygen -f '{known}' -R '{entry}'`, then connect again"
+    )
+    (fix,) = re.findall(r"`(ssh-keygen [^`]+)`", str(refused.value))
+    subprocess.run(["sh", "-c", fix], capture_output=True, check=True)
+    assert known.read_text().splitlines() == [unrelated]
+    with pytest.raises(HostKeyRefused, match="unknown host key"):  # the stale entry is gone: ask for the real one
+        transport.reconnect()
+    transport.close()
+
+
+def test_a_key_that_changes_while_a_run_streams_is_not_retried_as_a_network_drop(
+    sshd: SSHServer, tmp_path: Path
+) -> None:
+    """The follow loop loses its session (sshd restarted, the host reinstalled) and the host now shows another
+    key: the run is left for `attach` at once with the key line, not after host.reconnect_budget_s of
+    reconnects as if the network were down."""
+    known = tmp_path / "known_hosts"
+    shutil.copyfile(sshd.known_hosts, known)
+    transport = SSHTransport(sshd.host_config(tmp_path, known_hosts=str(known)))
+    notes: list[str] = []
+    reconnect = Reconnect(transport, budget_s=600, note=notes.append)
+    try:
+        assert transport.run(["true"]).ok
+        known.write_text(f"[{sshd.address}]:{sshd.port} {WRONG_KEY}\n")  # as if the host's key had changed
+        for pid in sshd.connection_pids():
+            os.kill(pid, signal.SIGTERM)
+        started = time.monotonic()
+        with pytest.raises(HostLost) as lost:
+            for _ in range(50):
+                try:
+                    transport.run(["true"])
+                except CONNECTION_ERRORS as error:
+                    reconnect.after(error)
+                time.sleep(0.05)
+        assert time.monotonic() - started < 10, "no backoff through the reconnect budget"
+    finally:
+        transport.close()
+    assert str(lost.value).startswith(f"localhost_ssh: [{sshd.address}]:{sshd.port}: host key CHANGED (now ")
+    assert str(lost.value).endswith(f"`ssh-keygen -f {known} -R '[{sshd.address}]:{sshd.port}'`, then connect again")
+    assert len(notes) <= 1, notes  # at most the one `lost …; reconnecting` of the dropped session
 
 
 def test_unknown_key_refusal_is_a_host_key_error(sshd: SSHServer, tmp_path: Path) -> None:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import re
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +16,10 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+import remote_worker
 from orchestrator.config.prompts import resolve_prompts
 from orchestrator.config.settings import SYNC_METHODS, JobConfig
+from remote_worker.decoding.tree_limits import beyond_draft
 from remote_worker.prompt_set import PromptSetError
 from remote_worker.spec import DEVICES, DTYPES, EXPERIMENT_NAMES, MODEL_SOURCES
 
@@ -176,6 +180,74 @@ def _check_prompts(experiment: dict[str, Any]) -> None:
         raise ConfigError(f"experiment.prompts: {exc}") from exc
 
 
+@dataclass(frozen=True)
+class ModelShape:
+    """What the orchestrator can know of the model before launch; None where its config is out of reach."""
+
+    name: str
+    vocab: int | None
+    context: int | None
+    block_size: int | None
+
+
+def _config_values(section: dict[str, Any], local: bool) -> dict[str, Any]:
+    """A model's (or draft's) config: inline, or the config.json of a checkpoint this machine can read (a
+    relative path names a fixture inside the worker's package; an absolute one is read when the host is
+    this machine). Empty when out of reach or unreadable: the worker reports a broken checkpoint."""
+    if section.get("source") == "config":
+        return dict(section.get("config") or {})
+    path = Path(str(section.get("path") or ""))
+    if not path.is_absolute():
+        path = Path(remote_worker.__file__).parent / path
+    elif not local:
+        return {}
+    try:
+        values = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    return values if isinstance(values, dict) else {}
+
+
+def _positive(value: Any) -> int | None:
+    return value if _positive_int(value) else None
+
+
+def model_shape(container: dict[str, Any]) -> ModelShape:
+    """The vocabulary, the context and the draft's block size, where the config says them."""
+    model, local = container["model"], container["host"]["kind"] == "local"
+    target = _config_values(model, local)
+    text = target.get("text_config") if isinstance(target.get("text_config"), dict) else target
+    draft = _config_values(model["draft"], local) if isinstance(model.get("draft"), dict) else {}
+    dflash = draft.get("dflash_config") if isinstance(draft.get("dflash_config"), dict) else {}
+    block = container["decode"].get("block_size") or dflash.get("block_size") or draft.get("block_size")
+    return ModelShape(
+        str(model.get("name")), _positive(text.get("vocab_size")), _positive(text.get("max_position_embeddings")),
+        _positive(block),
+    )  # fmt: skip
+
+
+def _check_tree_budgets(container: dict[str, Any], budgets: list[int]) -> None:
+    """A budget the model cannot hold, refused before launch where the config says why: its tree must fit
+    the context beside decode.max_new_tokens and a prompt (of at least one token: the prompts are tokenized
+    on the host, which checks them all), and a draft block must be able to offer that many nodes. What the
+    device can hold is checked on the host, before the first prompt."""
+    shape = model_shape(container)
+    max_new = int(container["decode"]["max_new_tokens"])
+    for budget in sorted(budgets, reverse=True):
+        if shape.context is not None and 1 + max_new + budget + 1 > shape.context:
+            largest = shape.context - max_new - 2
+            fix = f"the largest budget that fits is {largest}" if largest >= 1 else "lower decode.max_new_tokens"
+            raise ConfigError(
+                f"decode.tree_budgets: budget {budget} needs {budget + 1} positions for its tree beside "
+                f"decode.max_new_tokens={max_new} and a prompt, more than model {shape.name}'s context of "
+                f"{shape.context}; {fix}"
+            )
+        if shape.block_size is not None and shape.vocab is not None:
+            problem = beyond_draft(budget, shape.block_size, shape.vocab)
+            if problem is not None:
+                raise ConfigError(problem)
+
+
 def resolve_config(cfg: DictConfig) -> dict[str, Any]:
     """Resolve interpolations and check every value the orchestrator and the worker rely on."""
     try:
@@ -249,6 +321,9 @@ def resolve_config(cfg: DictConfig) -> dict[str, Any]:
     if not isinstance(_get(container, "decode.compile"), bool) and _get(container, "decode.compile") != "auto":
         raise ConfigError(f"decode.compile={_get(container, 'decode.compile')!r} must be true, false or auto")
     _check_prompts(container["experiment"])
+    launching = not any(container[k] not in (None, False) for k in ("attach", "cancel", "logs", "list"))
+    if launching and container["experiment"]["name"] == "ddtree_gdn":
+        _check_tree_budgets(container, budgets)
     if _number(container, "orchestrator.poll_interval_s", minimum=0) == 0:
         raise ConfigError("orchestrator.poll_interval_s must be > 0")
     _number(container, "orchestrator.kill_grace_s", minimum=0)

@@ -17,12 +17,13 @@ from typing import Any
 # The range beside the median tokens/s is printed at the median's own precision: rounding to one format keeps
 # order, so the median shown always lies inside it (rounded to whole numbers, 8.55–9.2 read "9–9" beside 8.6).
 TOKENS_PER_S = "{:.1f}"
+RANGE = ("tokens_per_s_min", "tokens_per_s_max")
 
 # (column, metric key, format) for the table; a metric a run lacks (lossless at T > 0) is left out.
 COLUMNS = (
     ("tau", "tau", "{:.2f}"),
     ("decode tok/s", "tokens_per_s", TOKENS_PER_S),
-    ("range", ("tokens_per_s_min", "tokens_per_s_max"), f"{TOKENS_PER_S}–{TOKENS_PER_S}"),
+    ("range", RANGE, f"{TOKENS_PER_S}–{TOKENS_PER_S}"),
     ("speedup vs AR", "speedup_vs_ar", "×{:.2f}"),
     ("tpot ms", "tpot_ms", "{:.2f}"),
     ("prefill ms", "prefill_ms", "{:.1f}"),
@@ -58,17 +59,24 @@ class JobSummary:
 
 
 def summarize(document: dict[str, Any], title: str) -> JobSummary:
-    """The Markdown table (for the description and summary.md) and the CSV of `decode_summary.json`."""
+    """The description (and summary.md) and the CSV of `decode_summary.json`.
+
+    MLflow 3.17 shows a description collapsed to its first three lines or so, so it leads with the answer
+    and the Best line (how far to trust it), then the table. Its Markdown converter (showdown, GitHub
+    flavour) reads a table only with a `| --- |` row under the header and a blank line before and after."""
     methods = document.get("methods") or []
     columns = [c for c in COLUMNS if any(_has(m, c[1]) for m in methods)]
-    lines = [answer(methods), "", f"**{title}**", ""]
+    if not any(_has(m, RANGE) and m[RANGE[0]] != m[RANGE[1]] for m in methods):
+        columns = [c for c in columns if c[1] != RANGE]  # one pass: no spread to show ("294.7–294.7")
+    lines = [answer(methods), ""]
+    best = best_line(methods, document.get("best") or {})
+    if best:
+        lines += [best, ""]
+    lines += [f"**{title}**", ""]
     lines += ["| method | " + " | ".join(c[0] for c in columns) + " |", "|" + " --- |" * (len(columns) + 1)]
     for method in methods:
         cells = [_cell(method, key, form) for _name, key, form in columns]
         lines.append(f"| {method.get('scope', '?')} | " + " | ".join(cells) + " |")
-    best = best_line(methods, document.get("best") or {})
-    if best:
-        lines += ["", best]
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow(["method", "tree_budget", *CSV_KEYS])

@@ -5,12 +5,15 @@ mid-run.
 The figure is a lower bound, counted from tensors a verify cannot avoid (the real peak is higher: weights,
 activations, the allocator's slack):
 
+- the tree's masks, held through every layer (`TreeContext`): the ancestor mask [n, n] as bool and twice in
+  the GDN compute dtype (0/1 and its log), and the attention bias [n, context+n] in the model's dtype;
+- the tree's K/V in the cache, every attention layer: [2, kv_heads, n, head_dim] in the model's dtype;
 - GDN, kept for the commit, every GDN layer: the tree's normalised keys [Hk, n, d_k] and deltas [Hv, n, d_v]
   in the compute dtype, and the conv inputs [kernel-1+n, conv_dim] in the model's dtype;
-- GDN, one layer at a time: the decay and the triangular system, [Hv, n, n] each, in the compute dtype
-  (`gdn_math.tree_delta_rule`);
-- attention, one layer at a time: the scores [heads, n, context+n] in the model's dtype;
-- the logits of every node, [n, vocab], in float32.
+- then the largest of what one step holds at a time: a GDN layer's decay and triangular system, [Hv, n, n]
+  each, in the compute dtype (`gdn_math.tree_delta_rule`); an attention layer's scores [heads, n, context+n]
+  in the model's dtype (a float mask with grouped K/V sends `scaled_dot_product_attention` to its math
+  kernel, which materialises them); the logits of every node, [n, vocab], in the model's dtype.
 """
 
 from __future__ import annotations
@@ -29,6 +32,10 @@ GIB = 1 << 30
 
 @dataclass(frozen=True)
 class TreeMemory:
+    """Bytes by part (see the module): the first three are held together, the last three one at a time."""
+
+    masks: int
+    attention_kv: int
     gdn_kept: int
     gdn_layer: int
     attention_layer: int
@@ -36,15 +43,21 @@ class TreeMemory:
 
     @property
     def total(self) -> int:
-        return self.gdn_kept + max(self.gdn_layer, self.attention_layer) + self.logits
+        return self.masks + self.attention_kv + self.gdn_kept + max(self.gdn_layer, self.attention_layer, self.logits)
 
     def parts(self) -> str:
         """The terms of `total`, named: they add up to it."""
-        scratch = max(self.gdn_layer, self.attention_layer)
-        named = (
-            ("GDN states kept for the commit", self.gdn_kept),
-            ("one layer's scratch", scratch),
+        step = max(
+            ("one GDN layer's scratch", self.gdn_layer),
+            ("one attention layer's scores", self.attention_layer),
             ("logits", self.logits),
+            key=lambda part: part[1],
+        )
+        named = (
+            ("tree masks", self.masks),
+            ("tree K/V", self.attention_kv),
+            ("GDN states kept for the commit", self.gdn_kept),
+            step,
         )
         return ", ".join(f"{name} {size / GIB:.1f}" for name, size in named if size)
 
@@ -55,6 +68,8 @@ def tree_memory(target: TargetModel, nodes: int, context: int) -> TreeMemory:
     compute = torch.finfo(compute_dtype(target.dtype)).bits // 8
     gdn = [m for m in target.mixers if isinstance(m, GDNMixer)]
     attention = [m for m in target.mixers if isinstance(m, AttentionMixer)]
+    masks = nodes * nodes * (1 + 2 * compute) + nodes * (context + nodes) * width
+    attention_kv = sum(2 * m.kv_heads * nodes * m.head_dim * width for m in attention)
     gdn_kept = gdn_layer = attention_layer = 0
     if gdn:
         history, conv_dim, hk, r, dk, dv = gdn[0].state_shape
@@ -63,8 +78,8 @@ def tree_memory(target: TargetModel, nodes: int, context: int) -> TreeMemory:
         gdn_layer = 2 * hk * r * nodes * nodes * compute
     if attention:
         attention_layer = max(m.heads for m in attention) * nodes * (context + nodes) * width
-    logits = nodes * target.embed.num_embeddings * 4
-    return TreeMemory(gdn_kept, gdn_layer, attention_layer, logits)
+    logits = nodes * target.head.out_features * width
+    return TreeMemory(masks, attention_kv, gdn_kept, gdn_layer, attention_layer, logits)
 
 
 def free_bytes(device: torch.device) -> int | None:

@@ -2,10 +2,11 @@
 
 Target and draft are loaded once and every prompt is encoded (and checked against the model's context)
 before anything is decoded. Each prompt is then prefilled once and decoded by every method from that
-state, `decode.repeats` times, the methods taking turns (see `remote_worker.decoding.comparison`). Each
-method reports per-round acceptance lengths as they happen and its summary metrics at the end, under its
-own scope (`ar`, `dflash`, `ddtree_tb32`, …). `generations.jsonl` holds a row per prompt with every
-method's output; `decode_summary.json` carries what the orchestrator plots.
+state, `decode.repeats` times, the methods taking turns (see `remote_worker.decoding.comparison`). At the
+end each method reports its figures, then its per-round acceptance series, under its own scope (`ar`,
+`dflash`, `ddtree_tb32`, …); while it runs, progress events carry its tau and speed so far.
+`generations.jsonl` holds a row per prompt with every method's output; `decode_summary.json` carries what
+the orchestrator plots.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import logging
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ from remote_worker import stop_signal
 from remote_worker.decoding.comparison import Comparison, Method, PromptRun, Settings, methods_for, run_prompt
 from remote_worker.decoding.compiled import CompiledRounds, compile_rounds, wanted
 from remote_worker.decoding.divergence import Divergence
+from remote_worker.decoding.tree_limits import beyond_draft
 from remote_worker.decoding.tree_memory import budget_problem, free_bytes
 from remote_worker.events import EventLog
 from remote_worker.models.layout import layout_params
@@ -110,7 +113,7 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     encoded = encode_all(
         prompts, tokenizer, target, settings.max_new_tokens, enable_thinking, spec.model.name, overhang
     )
-    _check_budgets(target, budgets, max(len(ids) for ids in encoded) + settings.max_new_tokens)
+    _check_budgets(target, drafter.block_size, budgets, max(len(ids) for ids in encoded) + settings.max_new_tokens)
     methods = methods_for(budgets)
     passes = f" × {settings.repeats} repeats" if settings.repeats > 1 else ""
     log.progress("setup", 2, 2, f"{len(prompts)} prompts × {len(methods)} methods{passes}")
@@ -140,6 +143,7 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
             generations.flush()
     log.progress("decode", total, total, "done")
     summary = comparison.metrics()
+    costs: dict[str, float] = {}
     if compiled is not None:
         for scope, seconds in compiled.compile_seconds.items():
             if scope in summary:  # the methods' rounds; "prefill" is the job's
@@ -150,31 +154,32 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
             "prefill.compile_s": compiled.compile_seconds["prefill"],
             "recompiles": float(recompiles),
         }
-        log.emit("metrics", costs, step=0)
         if recompiles:
             LOG.warning("decode.compile: %d graphs were compiled again after the warm-up (a shape changed)", recompiles)
-    for scope, metrics in summary.items():
-        log.emit("metrics", metrics, scope=scope, step=0)
-    headline, best = headline_metrics(summary)
+    # A run page lists metrics in the order they were first logged (see HEADLINE_FIRST): the answer first.
+    headline, verdict = headline_metrics(summary)
     log.emit("metrics", headline, step=0)  # the job's own run answers the comparison on its page
-    if best is not None:
-        budget = _budget_of(methods, best)
-        basis = best_basis(summary, best)
-        log.emit(
-            "tags", {"best.method": best, "best.basis": basis, **({"best.tree_budget": str(budget)} if budget else {})}
-        )
-    _write_summary(spec, methods, summary, comparison, str(target.device), drafter.block_size, best)
+    if costs:
+        log.emit("metrics", costs, step=0)
+    for scope, metrics in summary.items():
+        log.emit("metrics", _headline_first(metrics), scope=scope, step=0)
+    for scope, tally in comparison.tallies.items():
+        _emit_rounds(log, scope, tally.acceptance_lengths)
+    if verdict is not None:
+        log.emit("tags", _best_tags(verdict, methods))
+    _write_summary(spec, methods, summary, comparison, str(target.device), drafter.block_size, verdict)
     log.emit("artifact", {"path": SUMMARY_FILE})
     log.emit("artifact", {"path": GENERATIONS_FILE})
-    return _terminal_summary(summary)
+    return _terminal_summary(summary, verdict)
 
 
-def _check_budgets(target: TargetModel, budgets: list[int], context: int) -> None:
-    """A budget whose tree the device cannot hold is one line before any decode (`tree_memory`), not an
-    allocator's error in the middle of the sweep."""
+def _check_budgets(target: TargetModel, block_size: int, budgets: list[int], context: int) -> None:
+    """A budget a draft block cannot fill (`tree_limits`), or whose tree the device cannot hold
+    (`tree_memory`), is one line before any decode, not a misnamed run or an allocator's error mid-sweep."""
     free = free_bytes(target.device)
     for budget in sorted(budgets, reverse=True):
-        problem = budget_problem(target, budget, context, free)
+        problem = beyond_draft(budget, block_size, target.head.out_features)
+        problem = problem or budget_problem(target, budget, context, free)
         if problem is not None:
             raise ValueError(problem)
 
@@ -212,50 +217,115 @@ def _compiled_rounds(
     return outcome
 
 
-# The per-round series (step = round): "/" puts it in a chart section of its own in MLflow, after the
-# method's figures, and the name says it is one value per round, not the method's acceptance (that is `tau`).
-ROUND_ACCEPTANCE = "round/acceptance_length"
+# The per-round series (step = round index): drafted tokens accepted in each round of the first pass. MLflow
+# shows a series' last value beside the figures, where a bare `acceptance_length` read as the method's
+# acceptance (that is `tau`); the name says it is one round's. No "/" in it: MLflow's charts put a "prefix/"
+# section above the method's own figures.
+ROUND_ACCEPTANCE = "round.accepted_tokens"
+
+# What MLflow shows first. A run page lists a run's metrics in the order they were first logged (the store
+# keeps that order), so these are logged first, the other figures next and the per-round series last. The
+# compare view and the charts sort names alphabetically (`acceptance_length_mean` leads there); only renaming
+# the public figures could change that.
+HEADLINE_FIRST = ("tau", "speedup_vs_ar", "tokens_per_s", "lossless")
 
 # What the job's own run shows per method (`ar.tokens_per_s`, `dflash.tau`, …), from each child's figures.
 HEADLINE = ("tau", "tokens_per_s", "speedup_vs_ar", "tpot_ms", "prefill_ms", "ttft_ms", "acceptance_length_mean",
             "compile_s")  # fmt: skip
 HEADLINE_AT_T0 = ("lossless", "near_tie_divergences", "unexplained_divergences")
+ONE_PASS = "one pass per prompt (decode.repeats=1): no spread to tell noise from a difference"
 
 
-def headline_metrics(summary: dict[str, dict[str, float]]) -> tuple[dict[str, float], str | None]:
-    """Each method's headline figures under `<method>.<metric>`, and `best.*`: the drafting method with the
-    highest median `speedup_vs_ar` (its name is returned, for a tag; `best_basis` says how sure that is)."""
-    headline = {
-        f"{scope}.{key}": metrics[key]
-        for scope, metrics in summary.items()
-        for key in (*HEADLINE, *HEADLINE_AT_T0)
-        if key in metrics
-    }
+@dataclass(frozen=True)
+class Verdict:
+    """What the job says about its drafting methods: the `best.*` tags and metrics, the description's Best
+    line, the terminal's `best` row. `best` is the method named, or None where no method is clearly ahead;
+    `basis` says how far the naming can be trusted, in the words the page shows."""
+
+    fastest: str  # the drafting method with the highest median speedup_vs_ar
+    best: str | None
+    basis: str
+
+
+def headline_metrics(summary: dict[str, dict[str, float]]) -> tuple[dict[str, float], Verdict | None]:
+    """Each method's headline figures under `<method>.<metric>`, and `best.*` where a best is named (`judge`).
+    In the order the job's run page lists them: `best.*`, each figure of HEADLINE_FIRST for every method (the
+    comparison on one screen), then every method's other figures."""
+    verdict = judge(summary)
+    headline: dict[str, float] = {}
+    if verdict is not None and verdict.best is not None:
+        headline.update({f"best.{key}": summary[verdict.best][key] for key in ("speedup_vs_ar", "tau", "tokens_per_s")})
+    for key in HEADLINE_FIRST:
+        headline.update({f"{scope}.{key}": metrics[key] for scope, metrics in summary.items() if key in metrics})
+    for scope, metrics in summary.items():
+        rest = (key for key in (*HEADLINE, *HEADLINE_AT_T0) if key not in HEADLINE_FIRST and key in metrics)
+        headline.update({f"{scope}.{key}": metrics[key] for key in rest})
+    return headline, verdict
+
+
+def judge(summary: dict[str, dict[str, float]]) -> Verdict | None:
+    """Which drafting method the job names best, and how sure that is (None: no drafting method ran).
+
+    One pass per prompt has no spread, so its fastest may be noise (three identical one-pass runs once named
+    three different winners): it is named, and the basis says it is one pass. With repeats, a method is named
+    only when its slowest pass beats every other drafting method's fastest; otherwise the spreads overlap, no
+    method is clearly ahead and none is named. A fastest method slower than AR says that first."""
     drafting = {scope: metrics for scope, metrics in summary.items() if scope != "ar"}
     if not drafting:
-        return headline, None
-    best = max(drafting, key=lambda scope: drafting[scope]["speedup_vs_ar"])
-    headline.update({f"best.{key}": drafting[best][key] for key in ("speedup_vs_ar", "tau", "tokens_per_s")})
-    return headline, best
-
-
-def best_basis(summary: dict[str, dict[str, float]], best: str) -> str:
-    """How far `best` (the highest median speedup) can be trusted, in words the page and the tag show.
-
-    One pass per prompt has no spread, so its winner may be noise (three identical runs once named three
-    winners): it says so. With repeats, the winner is clear only when its slowest pass beats every other
-    method's fastest; otherwise the spreads overlap and no method is clearly ahead. A "best" slower than AR
-    says that first."""
-    metrics = summary[best]
-    repeats = int(metrics.get("repeats", 1))
-    slower = "slower than AR; " if metrics["speedup_vs_ar"] < 1 else ""
+        return None
+    fastest = max(drafting, key=lambda scope: drafting[scope]["speedup_vs_ar"])
+    figures = drafting.pop(fastest)
+    slower = "slower than AR, as is every drafting method here; " if figures["speedup_vs_ar"] < 1 else ""
+    repeats = int(figures.get("repeats", 1))
     if repeats <= 1:
-        return f"{slower}one pass per prompt: no spread to tell noise from a difference"
-    others = [m for scope, m in summary.items() if scope not in ("ar", best)]
-    rival = max((m.get("speedup_vs_ar_max", m["speedup_vs_ar"]) for m in others), default=None)
-    if rival is None or metrics.get("speedup_vs_ar_min", metrics["speedup_vs_ar"]) > rival:
-        return f"{slower}ahead of every other method in all {repeats} passes"
-    return f"{slower}not clearly ahead: its range over {repeats} passes overlaps another method's"
+        return Verdict(fastest, fastest, slower + ONE_PASS)
+    if not drafting:
+        return Verdict(fastest, fastest, f"{slower}the only drafting method ({repeats} passes)")
+    rival = max(drafting, key=lambda scope: _pass_speedups(drafting[scope])[1])
+    low, high = _pass_speedups(figures)[0], _pass_speedups(drafting[rival])[1]
+    if low > high:
+        basis = f"ahead in all {repeats} passes: its slowest ×{low:.2f} beats {rival}'s fastest ×{high:.2f}"
+        return Verdict(fastest, fastest, slower + basis)
+    basis = (
+        f"no method is clearly ahead over {repeats} passes: {fastest} {_pass_range(figures)} overlaps {rival} "
+        f"{_pass_range(drafting[rival])}"
+    )
+    return Verdict(fastest, None, basis + ("; every drafting method is slower than AR" if slower else ""))
+
+
+def _pass_speedups(metrics: dict[str, float]) -> tuple[float, float]:
+    """The slowest and fastest pass's speedup (the median where a run has no spread)."""
+    median = metrics["speedup_vs_ar"]
+    return metrics.get("speedup_vs_ar_min", median), metrics.get("speedup_vs_ar_max", median)
+
+
+def _pass_range(metrics: dict[str, float]) -> str:
+    low, high = _pass_speedups(metrics)
+    return f"×{low:.2f}–{high:.2f}"
+
+
+def _headline_first(metrics: dict[str, float]) -> dict[str, float]:
+    """A method's figures with HEADLINE_FIRST's in front: the order its run page lists them in."""
+    return {**{key: metrics[key] for key in HEADLINE_FIRST if key in metrics}, **metrics}
+
+
+def best_record(verdict: Verdict | None) -> dict[str, str | None] | None:
+    """The verdict in `decode_summary.json`, whence the description's Best line: `scope` is the method named
+    best, null where none is clearly ahead (`basis` then says so)."""
+    if verdict is None:
+        return None
+    return {"scope": verdict.best, "fastest": verdict.fastest, "basis": verdict.basis}
+
+
+def _best_tags(verdict: Verdict, methods: list[Method]) -> dict[str, str]:
+    """`best.basis` always; `best.method` and `best.tree_budget` only where a best is named."""
+    tags = {"best.basis": verdict.basis}
+    if verdict.best is not None:
+        tags["best.method"] = verdict.best
+        budget = _budget_of(methods, verdict.best)
+        if budget:
+            tags["best.tree_budget"] = str(budget)
+    return tags
 
 
 def _budget_of(methods: list[Method], scope: str) -> int | None:
@@ -287,10 +357,11 @@ def _method_params(method: Method, block_size: int, settings: Settings, prompts:
     }
 
 
-def _emit_rounds(log: EventLog, scope: str, lengths: list[int], rounds_so_far: dict[str, int]) -> None:
-    for length in lengths:
-        log.emit("metrics", {ROUND_ACCEPTANCE: float(length)}, scope=scope, step=rounds_so_far[scope])
-        rounds_so_far[scope] += 1
+def _emit_rounds(log: EventLog, scope: str, lengths: list[int]) -> None:
+    """The method's per-round series (first pass, every prompt's rounds in turn), once its figures are logged:
+    a run page lists metrics in the order they first came, and the figures are what it should lead with."""
+    for step, length in enumerate(lengths):
+        log.emit("metrics", {ROUND_ACCEPTANCE: float(length)}, scope=scope, step=step)
 
 
 def _generation_row(
@@ -334,7 +405,7 @@ def _write_summary(
     comparison: Comparison,
     device: str,
     block_size: int,
-    best: str | None,
+    verdict: Verdict | None,
 ) -> None:
     document = {
         "model": spec.model.name,
@@ -345,12 +416,14 @@ def _write_summary(
         "repeats": int(spec.decode.get("repeats", 1)),
         "methods": [{"scope": m.scope, "method": m.name, "tree_budget": m.budget, **summary[m.scope]} for m in methods],
         "acceptance_lengths": {scope: t.acceptance_lengths for scope, t in comparison.tallies.items()},
-        "best": {"scope": best, "basis": best_basis(summary, best)} if best is not None else None,
+        "best": best_record(verdict),
     }
     (spec.run_dir / SUMMARY_FILE).write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
 
 
-def _terminal_summary(summary: dict[str, dict[str, float]]) -> dict[str, str]:
+def _terminal_summary(summary: dict[str, dict[str, float]], verdict: Verdict | None = None) -> dict[str, str]:
+    """One line per method, then `best`: the verdict the job's page shows, so the terminal names no winner
+    the page would not."""
     lines = {}
     for scope, m in summary.items():
         text = f"tau {m['tau']:.2f} · {m['tokens_per_s']:.1f} tok/s · ×{m['speedup_vs_ar']:.2f} vs AR"
@@ -360,4 +433,9 @@ def _terminal_summary(summary: dict[str, dict[str, float]]) -> dict[str, str]:
             if m["lossless"] < 1:
                 text += f" ({m['near_tie_divergences']:.0f} near-tie, {m['unexplained_divergences']:.0f} unexplained)"
         lines[scope] = text
+    if verdict is not None and verdict.best is not None:
+        m = summary[verdict.best]
+        lines["best"] = f"{verdict.best}, ×{m['speedup_vs_ar']:.2f} vs AR at tau {m['tau']:.2f} — {verdict.basis}"
+    elif verdict is not None:
+        lines["best"] = verdict.basis
     return lines

@@ -58,6 +58,9 @@ def summarize(report: dict[str, Any]) -> dict[str, str]:
     hybrid = report["hybrid_cache"]
     summary["hybrid cache: tree verify max |Δ|"] = f"{hybrid['tree_verify_max_abs_diff']:.3g}"
     summary["hybrid cache: commit max |Δ logits|"] = f"{hybrid['commit_logits_max_abs_diff']:.3g}"
+    bound, scale = hybrid["rounding_bound"], hybrid["logits_scale"]
+    summary["hybrid cache: rounding bound"] = f"{bound:.3g} (logits up to {scale:.3g})"
+    summary["hybrid cache exact"] = hybrid["exact"]
     return summary
 
 
