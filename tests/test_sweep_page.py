@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 from rich.console import Console
 
 from orchestrator.sweep.callback import _grid, sweep_name
+from orchestrator.sweep.page import job_metrics
 from orchestrator.sweep.plot import draw_sweep
 from orchestrator.sweep.rows import sweep_rows
 from orchestrator.sweep.summary import summarize_sweep
@@ -95,6 +96,8 @@ def test_the_parent_run_has_a_description_params_and_each_jobs_headline_metrics(
     assert run.params == {"grid.decode.block_size": "4,8,16", "grid.decode.temperature": "0",
                           "grid.decode.max_new_tokens": "64"}  # fmt: skip
     metrics = run.as_mlflow().data.metrics
+    order = list(job_metrics(sweep_rows(client, parent)))  # as logged: MLflow's run page lists them so
+    assert order[:4] == ["best.speedup_vs_ar", "best.tau", "best.tokens_per_s", "job0.ar.tau"]
     assert metrics["job1.ddtree_tb8.speedup_vs_ar"] == 2.3
     assert metrics["job2.dflash.tau"] == 4.5
     assert metrics["best.speedup_vs_ar"] == 2.3
