@@ -135,6 +135,9 @@ def test_a_prompt_longer_than_the_context_is_an_error_before_decoding() -> None:
         ValueError, match=r"^prompt 'long' has 2018 tokens: with decode.max_new_tokens=64 it needs 2082"
     ):
         encode_all([fits, long], None, target, 64, False, "tiny_hybrid")
+    with pytest.raises(ValueError, match=r"^prompt 'fits' has 1918 tokens: with decode.max_new_tokens=64 and 129 "
+                       r"for a round's draft or tree \(decode.tree_budgets\) it needs 2111 positions"):  # fmt: skip
+        encode_all([fits], None, target, 64, False, "tiny_hybrid", overhang=129)
 
 
 class RecordingTokenizer:

@@ -73,10 +73,10 @@ def encode_all(
         ids = encode(prompt, tokenizer, target.embed.num_embeddings, enable_thinking)
         needed = ids.shape[0] + max_new_tokens + overhang
         if limit is not None and needed > limit:
+            extra = f" and {overhang} for a round's draft or tree (decode.tree_budgets)" if overhang else ""
             raise ValueError(
-                f"prompt {prompt.id!r} has {ids.shape[0]} tokens: with decode.max_new_tokens={max_new_tokens} and "
-                f"{overhang} for a round's draft or tree (decode.tree_budgets) it needs {needed} positions, more "
-                f"than model {name}'s context of {limit}"
+                f"prompt {prompt.id!r} has {ids.shape[0]} tokens: with decode.max_new_tokens={max_new_tokens}{extra} "
+                f"it needs {needed} positions, more than model {name}'s context of {limit}"
             )
         encoded.append(ids)
     return encoded
