@@ -21,7 +21,7 @@ from orchestrator.config.settings import JobConfig
 from orchestrator.config.validation import ConfigError
 from orchestrator.host.launch import STDERR_FILE, WorkerStatus, worker_status
 from orchestrator.host.transport import Transport
-from orchestrator.stream.events import EVENTS_FILE, Event, parse_chunk
+from orchestrator.stream.events import EVENTS_FILE, Event, parse_chunk, progress_text
 from orchestrator.tracking import tags
 from orchestrator.tracking.client import outages_named
 from orchestrator.tracking.runs import attach_command
@@ -217,9 +217,7 @@ def _progress(events: list[Event]) -> str:
     """`ddtree_tb32 · prompt 3/8 · tau 4.53 · 300 tok/s · 12/40`, as the run's `progress` tag says it."""
     for event in reversed(events):
         if event.kind == "progress" and isinstance(event.data, dict):
-            data = event.data
-            message = str(data.get("message") or data.get("task") or "")
-            return f"{message} · {data.get('completed', '?')}/{data.get('total', '?')}"
+            return progress_text(event.data)
     return ""
 
 

@@ -8,7 +8,16 @@ from typing import Any
 
 from remote_worker.events import EVENTS_FILE, KINDS
 
-__all__ = ["EVENTS_FILE", "BadLine", "Event", "ProtocolError", "parse_chunk", "parse_event", "split_events"]
+__all__ = [
+    "EVENTS_FILE",
+    "BadLine",
+    "Event",
+    "ProtocolError",
+    "parse_chunk",
+    "parse_event",
+    "progress_text",
+    "split_events",
+]
 
 
 class ProtocolError(RuntimeError):
@@ -27,6 +36,13 @@ class Event:
     @property
     def timestamp_ms(self) -> int:
         return int(self.t * 1000)
+
+
+def progress_text(data: dict[str, Any]) -> str:
+    """A progress event as one line, `ddtree_tb32 · prompt 3/8 · tau 4.53 · 12/40`: the run's `progress` tag
+    and `list`'s progress column say it alike."""
+    message = str(data.get("message") or data.get("task") or "")
+    return f"{message} · {data.get('completed', '?')}/{data.get('total', '?')}"
 
 
 def parse_event(line: bytes) -> Event:

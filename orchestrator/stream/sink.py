@@ -37,7 +37,7 @@ from mlflow.utils.validation import (
 
 from orchestrator.config.redaction import redact, to_params
 from orchestrator.host.transport import Transport
-from orchestrator.stream.events import Event
+from orchestrator.stream.events import Event, progress_text
 from orchestrator.stream.state import StateStore, StreamState
 from orchestrator.tracking import tags
 
@@ -198,9 +198,7 @@ class MlflowSink:
             self.error = str(data.get("error", "worker raised an exception"))
             pending.tags.update({tags.ERROR: self.error, tags.FAILURE_STAGE: "worker"})
         elif event.kind == "progress":  # where the worker is, on the job's page while it runs
-            where = f"{data.get('completed', '?')}/{data.get('total', '?')}"
-            message = str(data.get("message") or data.get("task") or "")
-            self._pending[self.state.run_id].tags[tags.PROGRESS] = f"{message} · {where}"[:MAX_TAG_VAL_LENGTH]
+            self._pending[self.state.run_id].tags[tags.PROGRESS] = progress_text(data)[:MAX_TAG_VAL_LENGTH]
         elif event.kind == "end":
             self.end = data
             pending.tags[tags.WORKER_STATUS] = str(data.get("status", "unknown"))

@@ -74,7 +74,7 @@ def grid_params(rows: list[Row], swept: list[str]) -> dict[str, str]:
     `4,8`)."""
     values: dict[str, list[str]] = {key: [] for key in swept}
     for row in {r.job: r for r in rows}.values():
-        given = dict(o.partition("=")[::2] for o in row.overrides.split())
+        given = row.given()
         for key in swept:
             if key in given and given[key] not in values[key]:
                 values[key].append(given[key])

@@ -31,7 +31,16 @@ class Row:
 
     def settings(self) -> dict[str, str]:
         """The varying overrides as key → value: `{"decode.block_size": "8"}`."""
-        return dict(o.partition("=")[::2] for o in self.varies.split())
+        return override_pairs(self.varies)
+
+    def given(self) -> dict[str, str]:
+        """Every override of the job as key → value."""
+        return override_pairs(self.overrides)
+
+
+def override_pairs(overrides: str) -> dict[str, str]:
+    """`a.b=1 c=2` → {"a.b": "1", "c": "2"}: the overrides tag split at spaces, as `sweep_rows` reads it."""
+    return dict(o.partition("=")[::2] for o in overrides.split())
 
 
 def varying_keys(rows: list[Row]) -> list[str]:
