@@ -112,3 +112,32 @@ def sshd(tmp_path_factory: pytest.TempPathFactory):
     server = start_sshd(tmp_path_factory.mktemp("sshd"))
     yield server
     stop_sshd(server)
+
+
+def _slurm_folder(config: pytest.Config) -> Path:
+    """One folder for the whole test run: the controller's base temporary folder (each xdist worker's is in it)."""
+    base = config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
+    return (base.parent if hasattr(config, "workerinput") else base) / "slurm"
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(request: pytest.FixtureRequest):
+    """The test run's single-node Slurm cluster (started once, whichever test process asks first); skipped
+    where none can run (no packages, not root), never under CI=true."""
+    from tests.slurm import shared_cluster, slurm_available
+
+    reason = slurm_available()
+    if reason is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run the Slurm tests: {reason}")
+        pytest.skip(reason)
+    return shared_cluster(_slurm_folder(request.config))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The controlling process stops the Slurm cluster (by the pids it recorded) once every test is done."""
+    if hasattr(session.config, "workerinput"):
+        return
+    from tests.slurm import stop_recorded_cluster
+
+    stop_recorded_cluster(_slurm_folder(session.config))

@@ -41,16 +41,19 @@ from orchestrator.lifecycle.job import (
     CANCELLED_BY_USER,
     Job,
     conclude,
+    ended_on_its_own,
     follow,
     launch,
     lifecycle,
     open_host,
     preflight,
+    relaunch,
     request_cancel,
     sync,
 )
 from orchestrator.stream.state import StateStore, StreamState
 from orchestrator.sweep import Sweep, assign_host, current_sweep, record_job_error
+from orchestrator.sweep.slurm import SlurmJob, SlurmSignals, StartedRun, current_slurm_job, record_run, recorded_run
 from orchestrator.tracking import tags
 from orchestrator.tracking.client import TrackingUnavailable, open_tracking, outages_named
 from orchestrator.tracking.gitinfo import git_info
@@ -119,11 +122,18 @@ def run_command(config: JobConfig, console: Console, transport_for: TransportFac
     client = open_tracking(config.tracking)
     store = open_state(config)
     sweep = current_sweep(config.fail_fast)
+    slurm = current_slurm_job() if sweep is not None else None
+    if slurm is not None and (started := recorded_run(_job_folder(), slurm)) is not None:
+        return _resume(config, console, client, store, transport_for, sweep, slurm, started)
     job_tags = {tags.PARENT_RUN_ID: sweep.parent_run_id, tags.SWEEP_JOB: str(sweep.job_num)} if sweep else {}
+    if slurm is not None:
+        job_tags[tags.SLURM_JOB_ID] = slurm.job_id
     with outages_named():
         experiment_id, run_id = create_job_run(
             client, config, _task_overrides(), git_info(), job_tags, _swept_values(sweep) if sweep else None
         )
+    if slurm is not None:  # before the worker exists: a requeue from here on resumes this run
+        record_run(_job_folder(), slurm, StartedRun(run_id, experiment_id))
     if sweep is not None and (reason := sweep.cancelled()) is not None:
         end_unstarted_job(client, run_id, reason)
         console.print(f"[yellow]job #{sweep.job_num} not started: {reason}[/yellow]")
@@ -135,6 +145,34 @@ def run_command(config: JobConfig, console: Console, transport_for: TransportFac
     state = StreamState(run_id=run_id, host=config.host.name, run_dir=run_dir_for(config.host.workdir, run_id))
     store.lock(run_id)
     return _follow(config, console, client, store, transport_for(config), experiment_id, state, _launch_body, sweep)
+
+
+def _resume(
+    config: JobConfig,
+    console: Console,
+    client: MlflowClient,
+    store: StateStore,
+    transport_for: TransportFactory,
+    sweep: Sweep,
+    slurm: SlurmJob,
+    started: StartedRun,
+) -> int:
+    """A sweep job Slurm started again (requeued, preempted): carry on with the run it started, never a second."""
+    with outages_named():
+        run = client.get_run(started.run_id)
+    what = f"sweep job #{sweep.job_num}: {slurm.describe()} started again (restart {slurm.restarts})"
+    if run.info.status != "RUNNING":
+        console.print(f"{what}; its run {started.run_id} has already ended ({run.info.status})")
+        return RunStatus(run.info.status).exit_code if run.info.status in RunStatus.__members__ else 1
+    console.print(f"[bold]{what}[/bold]: resuming its run {started.run_id}")
+    state = store.load(started.run_id) or _state_from_tags(config, started.run_id, run.data.tags)
+    if store.lock(started.run_id) is None:
+        holder = store.holder(started.run_id)
+        raise ConfigError(f"run {started.run_id} is followed by another orchestrator here (pid {holder})")
+    started_s_ago = max(0.0, time.time() - run.info.start_time / 1000)
+    transport = transport_for(config)
+    experiment_id = started.experiment_id
+    return _follow(config, console, client, store, transport, experiment_id, state, _resume_body, sweep, started_s_ago)
 
 
 def attach_command_(config: JobConfig, console: Console, transport_for: TransportFactory) -> int:
@@ -290,6 +328,19 @@ def _attach_body(job: Job) -> Outcome:
     return conclude(job, follow(job))
 
 
+def _resume_body(job: Job) -> Outcome:
+    """The run of a requeued Slurm job: follow its worker if it still runs or ended on its own; else (Slurm
+    stopped it with the job) start it again in the same run, its event log continued."""
+    open_host(job)
+    job.launched = True
+    if not worker_status(job.transport, job.state.run_dir).alive and not ended_on_its_own(job):
+        report = preflight(job)
+        code_dir = sync(job)
+        job.check_interrupt()
+        relaunch(job, report, code_dir)
+    return conclude(job, follow(job))
+
+
 def _cancel_body(job: Job) -> Outcome:
     open_host(job, leave_if_unreachable=True)
     job.launched = True
@@ -330,17 +381,20 @@ def attached_state(client: MlflowClient, store: StateStore, config: JobConfig) -
     ran_on = run.data.tags.get(tags.HOST)
     if ran_on != config.host.name:
         raise ConfigError(f"run {run_id} ran on host {ran_on!r}; pass host={ran_on}")
-    state = store.load(run_id)
-    if state is None:
-        state = StreamState(
-            run_id=run_id,
-            host=config.host.name,
-            run_dir=run_dir_for(config.host.workdir, run_id),
-            last_seq=int(run.data.tags.get(tags.LAST_SEQ, -1)),
-            offset=int(run.data.tags.get(tags.OFFSET, 0)),
-        )
+    state = store.load(run_id) or _state_from_tags(config, run_id, run.data.tags)
     started_s_ago = max(0.0, time.time() - run.info.start_time / 1000)
     return Attached(run.info.experiment_id, state, started_s_ago, run.data.tags.get(tags.MODEL) or "?")
+
+
+def _state_from_tags(config: JobConfig, run_id: str, run_tags: dict[str, str]) -> StreamState:
+    """Where the stream stands, from the run's own tags (another machine's orchestrator followed it)."""
+    return StreamState(
+        run_id=run_id,
+        host=config.host.name,
+        run_dir=run_dir_for(config.host.workdir, run_id),
+        last_seq=int(run_tags.get(tags.LAST_SEQ, -1)),
+        offset=int(run_tags.get(tags.OFFSET, 0)),
+    )
 
 
 def _follow(
@@ -361,7 +415,7 @@ def _follow(
     model = escape(model or config.model_name)
     console.print(f"[bold]{verb}[/bold] {state.run_id} on [bold]{config.host.name}[/bold] · {model}")
     try:
-        with LiveProgress(console) as live, CtrlC(console) as ctrl_c:
+        with LiveProgress(console) as live, CtrlC(console) as ctrl_c, SlurmSignals(current_slurm_job()) as slurm:
             job = Job(
                 config=config,
                 console=console,
@@ -371,7 +425,7 @@ def _follow(
                 transport=transport,
                 experiment_id=experiment_id,
                 state=state,
-                check_interrupt=_interrupt_check(ctrl_c, sweep),
+                check_interrupt=_interrupt_check(ctrl_c, sweep, slurm),
                 stopping=ctrl_c.stopping,
                 sweep=sweep,
                 started_s_ago=started_s_ago,
@@ -420,16 +474,21 @@ def _report(console: Console, job: Job, outcome: Outcome) -> int:
     return outcome.status.exit_code
 
 
-def _interrupt_check(ctrl_c: CtrlC, sweep: Sweep | None) -> Callable[[], None]:
-    """What the follow loop calls between polls: Ctrl-C, and a sweep cancelled by another job."""
-    if sweep is None:
-        return ctrl_c.check
+def _interrupt_check(ctrl_c: CtrlC, sweep: Sweep | None, slurm: SlurmSignals) -> Callable[[], None]:
+    """What the follow loop calls between polls: Ctrl-C, Slurm's signals, and a sweep cancelled by another job."""
 
     def check() -> None:
         ctrl_c.check()
-        sweep.check()
+        slurm.check()
+        if sweep is not None:
+            sweep.check()
 
     return check
+
+
+def _job_folder() -> Path:
+    """This job's own output folder (`<sweep dir>/<job number>/` in a multirun)."""
+    return Path(str(HydraConfig.get().runtime.output_dir))
 
 
 def _task_overrides() -> list[str]:

@@ -46,6 +46,15 @@ from orchestrator.stream.mirror import EventMirror
 from orchestrator.stream.sink import MlflowSink
 from orchestrator.stream.state import StateStore, StreamState
 from orchestrator.sweep import Sweep, SweepCancelled
+from orchestrator.sweep.slurm import (
+    STOP_GRACE_S,
+    SlurmEnd,
+    SlurmStopped,
+    job_fields,
+    requeue,
+    time_limit_text,
+    why_stopped,
+)
 from orchestrator.tracking import tags
 from orchestrator.tracking.client import TrackingUnavailable, outages_named, short_reason
 from orchestrator.tracking.job_summary import generation_rows, prompt_dataset, summarize
@@ -199,6 +208,36 @@ def launch(job: Job, report: dict[str, Any], code_dir: str) -> None:
     job.live.note(f"worker started on {host.name}" + (f" (pid {status.pid})" if status.pid else ""))
 
 
+# The files of one attempt of the worker: a worker started again in the same run begins without them (its
+# event log and spec stay; the earlier attempt's stderr is kept beside).
+_CLEAR_ATTEMPT = (
+    'cd "$1" || exit 1; [ -f stderr.log ] && mv -f stderr.log stderr.previous.log; '
+    "rm -f pid exit_code exit_code.part gpu_lease gpu_lease.part waiting_for_gpu cancelled; exit 0"
+)
+
+
+def relaunch(job: Job, report: dict[str, Any], code_dir: str) -> None:
+    """Start the worker again in the same run (a requeued Slurm job): its event log goes on from the last
+    `seq`, its new `start` begins a new attempt (`stream/mirror.py`), its metrics come from this attempt."""
+    try:
+        job.transport.run(["sh", "-c", _CLEAR_ATTEMPT, "clear", job.state.run_dir])
+    except (CommandFailed, *CONNECTION_ERRORS) as exc:
+        raise PhaseFailed(Stage.LAUNCH, f"{job.host_label}: could not start the worker again: {exc}") from exc
+    job.mirror.end = None
+    job.live.note("starting the worker again in the same run")
+    launch(job, report, code_dir)
+
+
+def ended_on_its_own(job: Job) -> bool:
+    """Whether the worker's last attempt recorded an end other than a stop (FINISHED, or FAILED)."""
+    with contextlib.suppress(*CONNECTION_ERRORS):
+        job.mirror.pull(job.transport)
+    job.mirror.scan()
+    end = job.mirror.end
+    data = end.data if end is not None and isinstance(end.data, dict) else {}
+    return end is not None and RunStatus.from_worker(data.get("status")) is not RunStatus.KILLED
+
+
 def follow(job: Job) -> WorkerStatus:
     orch = job.config.orchestrator
     settings = FollowSettings(
@@ -271,16 +310,18 @@ def _never_launched(job: Job) -> Outcome:
     )
 
 
-def stop(job: Job, reason: str) -> Outcome:
-    """Ctrl-C, cancel, a cancelled sweep: stop the worker and read what it wrote last.
+def stop(job: Job, reason: str, grace_s: float | None = None) -> Outcome:
+    """Ctrl-C, cancel, a cancelled sweep, Slurm: stop the worker and read what it wrote last.
 
     The end is what the worker recorded: one that had ended on its own (FINISHED or FAILED in its `end`
-    event, read now or before) keeps its status; one our SIGTERM stopped ends KILLED with our reason."""
+    event, read now or before) keeps its status; one our SIGTERM stopped ends KILLED with our reason.
+    `grace_s`: SIGTERM to SIGKILL (orchestrator.kill_grace_s unless a deadline of its own, Slurm's, is shorter)."""
+    grace_s = job.config.orchestrator.kill_grace_s if grace_s is None else grace_s
     if job.launched:
         job.live.note(f"[yellow]{reason}: stopping the worker[/yellow]")
         for attempt in (1, 2):  # a dropped connection gets one fresh one: the stop must not give up lightly
             try:
-                stop_worker(job.transport, job.state.run_dir, job.config.orchestrator.kill_grace_s)
+                stop_worker(job.transport, job.state.run_dir, grace_s)
                 job.mirror.pull(job.transport)
                 job.mirror.scan()
                 break
@@ -297,6 +338,37 @@ def stop(job: Job, reason: str) -> Outcome:
             if recorded.status is not RunStatus.KILLED:
                 return recorded
     return Outcome(RunStatus.KILLED, reason, Stage.CANCEL)
+
+
+def slurm_stop(job: Job, stopped: SlurmStopped) -> Outcome:
+    """Slurm is stopping the job: stop the worker within Slurm's KillWait and end the run as Slurm meant it
+    (`sweep/slurm.py`): scancel → KILLED, the time limit → FAILED, a requeue → left RUNNING for the job
+    Slurm starts again, which resumes it. A sweep cancelled meanwhile (Ctrl-C scancels its jobs) keeps its
+    own reason, and a worker that had ended on its own keeps its end."""
+    fields = job_fields(stopped.job.job_id)
+    why = why_stopped(stopped.job, stopped.signum, fields)
+    swept = job.sweep.cancelled() if job.sweep is not None else None
+    slurm_job = stopped.job.job_id
+    if swept is not None:
+        return stop(job, f"cancelled: {swept}", STOP_GRACE_S)
+    if why is SlurmEnd.REQUEUED:
+        reason = f"requeued by Slurm (job {slurm_job}): the job resumes this run when Slurm starts it again"
+        if int(fields.get("Restarts") or stopped.job.restarts) <= stopped.job.restarts:
+            requeue(stopped.job)  # submitit's preemption warning: requeue, as submitit would
+    elif why is SlurmEnd.TIME_LIMIT:
+        reason = f"Slurm time limit{time_limit_text(fields)} reached: job {slurm_job} stopped, and its worker"
+    else:
+        reason = f"cancelled by Slurm (job {slurm_job} was cancelled: scancel, or an administrator)"
+    outcome = stop(job, reason, STOP_GRACE_S)
+    if outcome.status is not RunStatus.KILLED or outcome.error != reason:  # it had ended on its own, or `cancel=`
+        return outcome
+    if why is SlurmEnd.REQUEUED:
+        _apply_all(job)
+        with outages_named():
+            job.client.set_tag(job.state.run_id, tags.SLURM_REQUEUED, str(stopped.job.restarts + 1))
+        return Outcome(RunStatus.DETACHED, reason)
+    status = RunStatus.FAILED if why is SlurmEnd.TIME_LIMIT else RunStatus.KILLED
+    return Outcome(status, reason, Stage.SLURM)
 
 
 def collect(job: Job, outcome: Outcome) -> None:
@@ -423,6 +495,10 @@ def lifecycle(job: Job, body: Callable[[Job], Outcome]) -> Outcome:
         except PhaseFailed as exc:
             _stop_quietly(job)
             outcome = Outcome(RunStatus.FAILED, exc.message, exc.stage)
+        except SlurmStopped as exc:
+            job.stopping()
+            job.interrupted = True
+            outcome = slurm_stop(job, exc)
         except (KeyboardInterrupt, Interrupted, SweepCancelled) as exc:
             job.stopping()
             job.interrupted = True
@@ -443,7 +519,7 @@ def lifecycle(job: Job, body: Callable[[Job], Outcome]) -> Outcome:
         return leave_for_attach(
             job, f"MLflow unreachable ({exc}); the worker {what}, and `attach` applies what is waiting, exactly once"
         )
-    except (KeyboardInterrupt, Interrupted, SweepCancelled):
+    except (KeyboardInterrupt, Interrupted, SweepCancelled, SlurmStopped):
         # A second Ctrl-C while collecting: the events are safe in the local state; attach finishes the run.
         return leave_for_attach(job, "interrupted while finishing the run")
     except Exception as exc:  # noqa: BLE001 - local by elimination: named, the worker stopped, the run ended

@@ -5,6 +5,8 @@ been read; the stream state's `offset` is how far MLflow has been told. While th
 the first keeps moving and the second waits; when it comes back, the waiting events are applied from the
 mirror, each exactly once (by `seq`). The mirror also answers "how did the worker end?" from the worker's
 own `end` event, whoever applied it and whenever, because it always holds the log from its first byte.
+A worker started again in the same run (a Slurm job requeued, `sweep/slurm.py`) appends to the same log:
+its `start` begins a new attempt, and only the last attempt's `end` says how the run ended.
 """
 
 from __future__ import annotations
@@ -68,11 +70,14 @@ class EventMirror:
         return added
 
     def scan(self) -> tuple[list[Event], list[BadLine]]:
-        """Parse the lines that became complete: note the `end` event; return them and the malformed ones."""
+        """Parse the lines that became complete: note the last attempt's `end` event; return them and the
+        malformed ones."""
         events, bad, consumed = parse_chunk(self._read(self._scanned), self._scanned)
         self._scanned += consumed
         for event in events:
-            if event.kind == "end" and self.end is None:
+            if event.kind == "start":  # a new attempt: an earlier attempt's end is not the run's
+                self.end = None
+            elif event.kind == "end" and self.end is None:
                 self.end = event
         self.bad.extend(bad)
         return events, bad

@@ -1,7 +1,8 @@
 """Jobs that fail before they have an MLflow run (a config error) still reach the sweep's summary.
 
 Such a job writes its error line into its own output folder, `<sweep dir>/<job number>/error.txt`; the
-summary lists every job folder Hydra made for this sweep, with that line where there is one.
+summary lists every job folder Hydra made for this sweep, with that line where there is one. A job that
+never ran at all (a Slurm job cancelled while pending) has its line written there by the launcher.
 """
 
 from __future__ import annotations
@@ -25,15 +26,24 @@ def record_job_error(error: str) -> None:
         (folder / JOB_ERROR_FILE).write_text(error + "\n", encoding="utf-8")
 
 
+def record_unstarted(job_dir: Path, error: str) -> None:
+    """A job the launcher knows never ran (its `error` says why): its row in the summary."""
+    job_dir.mkdir(parents=True, exist_ok=True)
+    (job_dir / JOB_ERROR_FILE).write_text(error + "\n", encoding="utf-8")
+
+
 def runless_jobs(folder: Path, started: float) -> dict[int, str]:
-    """Every job folder Hydra made for this sweep, with the error its job recorded before it had a run.
+    """Every job folder Hydra (or the launcher, for a job that never ran) made for this sweep, with the error
+    its job recorded before it had a run.
 
     Folders and errors older than the sweep belong to an earlier sweep that used the same folder."""
     jobs = {}
     for job_dir in folder.iterdir():
+        if not job_dir.name.isdigit():
+            continue
         written = job_dir / ".hydra" / "overrides.yaml"  # Hydra writes it when the job starts
-        if job_dir.name.isdigit() and written.is_file() and written.stat().st_mtime >= started:
-            error = job_dir / JOB_ERROR_FILE
-            fresh = error.exists() and error.stat().st_mtime >= started
+        error = job_dir / JOB_ERROR_FILE
+        fresh = error.exists() and error.stat().st_mtime >= started
+        if fresh or (written.is_file() and written.stat().st_mtime >= started):
             jobs[int(job_dir.name)] = error.read_text(encoding="utf-8").strip() if fresh else ""
     return jobs

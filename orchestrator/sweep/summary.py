@@ -23,7 +23,7 @@ from orchestrator.sweep.plot import plot_sweep
 from orchestrator.sweep.rows import Row, short_names, sweep_rows, varying_keys
 from orchestrator.tracking import tags as mlflow_tags
 from orchestrator.tracking.runs import run_url
-from orchestrator.tracking.status import STATUS_STYLE
+from orchestrator.tracking.status import NOT_STARTED, STATUS_STYLE
 
 CSV_FILE, MARKDOWN_FILE = "sweep_summary.csv", "sweep_summary.md"
 MAX_METRICS_PER_BATCH = 900  # MLflow takes 1000 metrics, params and tags together in one log_batch
@@ -65,7 +65,8 @@ def summarize_sweep(
     for job, error in sorted(job_dirs.items()):
         if job not in with_runs:
             reason = error or "the job ended before it created its MLflow run"
-            rows.append(Row(job=job, status="FAILED", model="", overrides="", error=reason))
+            status = "KILLED" if reason.startswith(NOT_STARTED) else "FAILED"  # cancelled before it ran
+            rows.append(Row(job=job, status=status, model="", overrides="", error=reason))
     rows.sort(key=lambda row: row.job)
     status = sweep_status(rows) if rows else "FAILED"
     with tempfile.TemporaryDirectory() as tmp:

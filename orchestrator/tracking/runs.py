@@ -17,7 +17,7 @@ from orchestrator.config.redaction import overrides_tag, redact, redact_url, to_
 from orchestrator.config.settings import JobConfig
 from orchestrator.tracking import tags
 from orchestrator.tracking.gitinfo import GitInfo
-from orchestrator.tracking.status import Outcome, RunStatus, Stage
+from orchestrator.tracking.status import NOT_STARTED, Outcome, RunStatus, Stage
 
 
 def ensure_experiment(client: MlflowClient, name: str, artifact_root: str | None) -> str:
@@ -128,7 +128,7 @@ def mark_detached(client: MlflowClient, run_id: str, command: str) -> None:
 
 def end_unstarted_job(client: MlflowClient, run_id: str, reason: str) -> None:
     """A sweep's job cancelled before it began."""
-    end_run(client, [run_id], Outcome(RunStatus.KILLED, f"not started: {reason}", Stage.SWEEP))
+    end_run(client, [run_id], Outcome(RunStatus.KILLED, f"{NOT_STARTED}{reason}", Stage.SWEEP))
 
 
 LOCAL_UI = "http://127.0.0.1:5000"  # where `make ui` serves a local store

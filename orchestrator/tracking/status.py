@@ -1,11 +1,13 @@
 """How a job ends, in one place: the statuses, the stages a failure is charged to, and their exit codes.
 
-| status     | MLflow run status      | exit code | meaning                                                          |
-| ---------- | ---------------------- | --------- | ---------------------------------------------------------------- |
-| FINISHED   | FINISHED               | 0         | the worker recorded `end` FINISHED and everything was applied    |
-| FAILED     | FAILED                 | 1         | the worker recorded FAILED, or died, or a phase before it failed |
-| KILLED     | KILLED                 | 130       | Ctrl-C, `cancel`, a cancelled sweep, or the worker's own SIGTERM |
-| DETACHED   | stays RUNNING          | 75        | left for `attach`: the host or MLflow out of reach  |
+| status     | MLflow run status | exit code | meaning                                                                 |
+| ---------- | ----------------- | --------- | ----------------------------------------------------------------------- |
+| FINISHED   | FINISHED          | 0         | the worker recorded `end` FINISHED and everything was applied           |
+| FAILED     | FAILED            | 1         | the worker recorded FAILED, or died, or a phase before it failed, or    |
+|            |                   |           | Slurm's time limit stopped it                                           |
+| KILLED     | KILLED            | 130       | Ctrl-C, `cancel`, a cancelled sweep, `scancel`, or the worker's SIGTERM |
+| DETACHED   | stays RUNNING     | 75        | left for `attach` (host or MLflow out of reach), or for the requeued    |
+|            |                   |           | Slurm job that resumes it                                               |
 
 `detach=true` also leaves the run RUNNING, as asked: exit 0. `cancel` exits 0 once the run has ended.
 A config mistake exits 2 before any run exists (see `CONFIG_ERROR_EXIT`); a run that cannot even begin
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 CONFIG_ERROR_EXIT = 2
+NOT_STARTED = "not started: "  # how the error of a sweep's job cancelled before it began starts
 
 
 class RunStatus(str, Enum):
@@ -63,6 +66,7 @@ class Stage(str, Enum):
     COLLECT = "collect"
     CANCEL = "cancel"
     SWEEP = "sweep"
+    SLURM = "slurm"  # Slurm stopped the job: scancel, its time limit
     LOCAL = "local"  # this machine: the state folder, the local disk, a bug in the orchestrator
 
 

@@ -50,3 +50,7 @@ SWEEP_FAIL_FAST = "sweep.fail_fast"
 SWEEP_JOBS = "sweep.jobs"
 SWEEP_NOT_FINISHED = "sweep.not_finished"
 SWEEP_BEST_JOB = "sweep.best_job"
+
+# A sweep job Slurm ran (`sweep/slurm.py`): its job id (`123_4` for an array's task), how often it was requeued.
+SLURM_JOB_ID = "slurm.job_id"
+SLURM_REQUEUED = "slurm.requeued"

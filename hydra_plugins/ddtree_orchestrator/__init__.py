@@ -1,0 +1,1 @@
+"""Hydra looks for launchers only in the `hydra_plugins` namespace: the orchestrator's own live here."""

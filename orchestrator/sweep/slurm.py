@@ -1,0 +1,184 @@
+"""A sweep job run by Slurm (`hydra/launcher=submitit_slurm`): who it is, and what Slurm's signals mean.
+
+The job follows its worker from the node Slurm gave it (`host=local`); the worker runs in a session of its
+own (`setsid`), which a cluster that tracks processes by parentage (`proctrack/linuxproc`, `pgid`) may
+not stop with the job. So the job stops it itself: Slurm's SIGTERM (and submitit's warning signal,
+SIGUSR2) raise `SlurmStopped` in the job, the lifecycle stops the worker (SIGTERM, then SIGKILL within
+`STOP_GRACE_S`, well inside Slurm's KillWait), and the run ends with what Slurm meant:
+
+| Slurm did                         | `scontrol show job` then says           | the run                          |
+| --------------------------------- | --------------------------------------- | -------------------------------- |
+| `scancel`                         | same `Restarts`, no time-limit reason   | KILLED, `cancelled by Slurm …`   |
+| the job ran past `--time`         | `Reason=TimeLimit` (or RunTime ≥ limit) | FAILED, `Slurm time limit …`     |
+| requeued it (`scontrol requeue`,  | `Restarts` above the job's own count    | stays RUNNING, resumed by the    |
+| a preemption)                     |                                         | job when Slurm starts it again   |
+
+A SIGUSR2 is submitit's "you will be stopped soon": past the time limit's warning it is the time limit;
+otherwise a preemption, which submitit answers by requeueing, and so do we (`scontrol requeue`).
+
+A requeued job starts again from the top, in the same output folder: `record_run` noted the run it
+started there, so it resumes that run (follows its worker, or starts the worker again in the same run,
+its event log continued) instead of creating a second one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+from dataclasses import asdict, dataclass
+from enum import Enum
+from pathlib import Path
+from types import FrameType
+
+# Our own stop of the worker must fit in Slurm's KillWait (30 s by default, often less): SIGTERM, then SIGKILL.
+STOP_GRACE_S = 5.0
+# A SIGUSR2 this close to the time limit is the time limit's warning (submitit asks for it 120 s ahead).
+WARNING_WINDOW_S = 300.0
+_SCONTROL_TIMEOUT_S = 10.0
+
+
+class SlurmEnd(str, Enum):
+    CANCELLED = "cancelled"
+    TIME_LIMIT = "time_limit"
+    REQUEUED = "requeued"
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """The Slurm job this process runs in, as its environment names it."""
+
+    job_id: str  # `123`, or `123_4` for the 5th task of array 123 (as squeue and scancel take it)
+    restarts: int  # how many times Slurm had requeued it when this run of it began
+
+    def describe(self) -> str:
+        return f"Slurm job {self.job_id}"
+
+
+def current_slurm_job() -> SlurmJob | None:
+    """The Slurm job of this process, or None outside one."""
+    raw = os.environ.get("SLURM_JOB_ID")
+    if not raw:
+        return None
+    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    job_id = f"{array}_{task}" if array and task else raw
+    return SlurmJob(job_id, int(os.environ.get("SLURM_RESTART_COUNT") or 0))
+
+
+def job_fields(job_id: str) -> dict[str, str]:
+    """`scontrol -o show job`'s fields (JobState, Reason, Restarts, RunTime, TimeLimit, …); {} if it fails."""
+    try:
+        done = subprocess.run(
+            ["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, timeout=_SCONTROL_TIMEOUT_S
+        )
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    fields = {}
+    for word in done.stdout.split():
+        key, sep, value = word.partition("=")
+        if sep and key not in fields:
+            fields[key] = value
+    return fields
+
+
+def seconds(duration: str) -> float | None:
+    """Slurm's `[days-]hours:minutes:seconds` (or `minutes:seconds`) in seconds; None for UNLIMITED and the like."""
+    match = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", duration.strip())
+    if match is None:
+        return None
+    days, hours, minutes, secs = (int(part or 0) for part in match.groups())
+    return ((days * 24 + hours) * 60 + minutes) * 60 + secs
+
+
+def why_stopped(job: SlurmJob, signum: int, fields: dict[str, str] | None = None) -> SlurmEnd:
+    """What a signal from Slurm means for this job, from what `scontrol` says now (see the module's table)."""
+    fields = job_fields(job.job_id) if fields is None else fields
+    if int(fields.get("Restarts") or job.restarts) > job.restarts:
+        return SlurmEnd.REQUEUED
+    run, limit = seconds(fields.get("RunTime", "")), seconds(fields.get("TimeLimit", ""))
+    past_limit = fields.get("Reason") == "TimeLimit" or (run is not None and limit is not None and run >= limit)
+    if signum == signal.SIGUSR2:
+        near_limit = run is not None and limit is not None and limit - run <= WARNING_WINDOW_S
+        return SlurmEnd.TIME_LIMIT if past_limit or near_limit else SlurmEnd.REQUEUED
+    return SlurmEnd.TIME_LIMIT if past_limit else SlurmEnd.CANCELLED
+
+
+def time_limit_text(fields: dict[str, str]) -> str:
+    limit = fields.get("TimeLimit")
+    return f" of {limit}" if limit and seconds(limit) is not None else ""
+
+
+def requeue(job: SlurmJob) -> None:
+    """Put the job back in the queue (a preemption warning): Slurm then stops this run of it."""
+    subprocess.run(["scontrol", "requeue", job.job_id], capture_output=True, timeout=_SCONTROL_TIMEOUT_S)
+
+
+class SlurmStopped(BaseException):
+    """Slurm is stopping the job. A BaseException, as KeyboardInterrupt: no `except Exception` may swallow it."""
+
+    def __init__(self, job: SlurmJob, signum: int) -> None:
+        super().__init__(f"{job.describe()} got {signal.Signals(signum).name}")
+        self.job = job
+        self.signum = signum
+
+
+class SlurmSignals:
+    """While a job follows its worker: Slurm's SIGTERM and SIGUSR2 raise `SlurmStopped` (once; later ones are
+    noted only), and `check()` raises it again where a library swallowed it. Outside Slurm it does nothing."""
+
+    def __init__(self, job: SlurmJob | None) -> None:
+        self.job = job
+        self.signum: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> SlurmSignals:
+        if self.job is not None:
+            for signum in (signal.SIGTERM, signal.SIGUSR2):
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)  # type: ignore[arg-type]
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        if self.signum is None and self.job is not None:
+            self.signum = signum
+            raise SlurmStopped(self.job, signum)
+
+    def check(self) -> None:
+        if self.signum is not None and self.job is not None:
+            raise SlurmStopped(self.job, self.signum)
+
+
+# -- a requeued job finds the run it started ---------------------------------------------------------------
+
+RUN_RECORD = "slurm_run.json"  # in the job's own output folder (`<sweep dir>/<job number>/`), on shared storage
+
+
+@dataclass(frozen=True)
+class StartedRun:
+    run_id: str
+    experiment_id: str
+
+
+def record_run(folder: Path, job: SlurmJob, run: StartedRun) -> None:
+    """Note the run this Slurm job started, for the same job after a requeue (written before the worker starts)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    part = folder / f"{RUN_RECORD}.part"
+    part.write_text(json.dumps({"slurm_job_id": job.job_id, **asdict(run)}) + "\n", encoding="utf-8")
+    part.replace(folder / RUN_RECORD)
+
+
+def recorded_run(folder: Path, job: SlurmJob) -> StartedRun | None:
+    """The run this same Slurm job started before it was requeued; None for its first start (or another job's
+    folder: a sweep folder used again)."""
+    try:
+        record = json.loads((folder / RUN_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("slurm_job_id") != job.job_id:
+        return None
+    return StartedRun(str(record["run_id"]), str(record["experiment_id"]))
