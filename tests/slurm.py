@@ -57,7 +57,7 @@ class SlurmCluster:
 
     def queue(self) -> dict[str, str]:
         """Every job Slurm still lists: id (`123` or `123_4`) → state (PENDING, RUNNING, COMPLETING, …)."""
-        out = self.command("squeue", "-h", "-o", "%i %T")
+        out = self.command("squeue", "-h", "-r", "-o", "%i %T")  # -r: every array task on its own line
         return dict(line.split(maxsplit=1) for line in out.splitlines() if line.strip())
 
     def job_field(self, job_id: str, name: str) -> str | None:
@@ -231,7 +231,10 @@ def stop_recorded_cluster(folder: Path) -> None:
     if record.exists():
         cluster = SlurmCluster(**json.loads(record.read_text()))
         with contextlib.suppress(RuntimeError, OSError, subprocess.SubprocessError):
-            for job in cluster.queue():
-                cluster.command("scancel", job, check=False)
+            if jobs := cluster.queue():  # a test stopped half-way: its jobs go first, while slurmd can end them
+                cluster.command("scancel", *jobs, check=False)
+                deadline = time.monotonic() + KILL_WAIT_S + 20
+                while cluster.queue() and time.monotonic() < deadline:
+                    time.sleep(0.5)
         _stop(cluster.pids)
         record.unlink()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -123,8 +124,22 @@ def run_command(config: JobConfig, console: Console, transport_for: TransportFac
     store = open_state(config)
     sweep = current_sweep(config.fail_fast)
     slurm = current_slurm_job() if sweep is not None else None
-    if slurm is not None and (started := recorded_run(_job_folder(), slurm)) is not None:
-        return _resume(config, console, client, store, transport_for, sweep, slurm, started)
+    with SlurmSignals(slurm) as signals:  # from the start: Slurm may stop the job before it has a worker
+        if slurm is not None and (started := recorded_run(_job_folder(), slurm)) is not None:
+            return _resume(config, console, client, store, transport_for, sweep, slurm, started, signals)
+        return _run(config, console, client, store, transport_for, sweep, slurm, signals)
+
+
+def _run(
+    config: JobConfig,
+    console: Console,
+    client: MlflowClient,
+    store: StateStore,
+    transport_for: TransportFactory,
+    sweep: Sweep | None,
+    slurm: SlurmJob | None,
+    signals: SlurmSignals,
+) -> int:
     job_tags = {tags.PARENT_RUN_ID: sweep.parent_run_id, tags.SWEEP_JOB: str(sweep.job_num)} if sweep else {}
     if slurm is not None:
         job_tags[tags.SLURM_JOB_ID] = slurm.job_id
@@ -144,7 +159,9 @@ def run_command(config: JobConfig, console: Console, transport_for: TransportFac
         console.print(f"[bold]sweep job #{sweep.job_num}{of}[/bold]: {varying}")
     state = StreamState(run_id=run_id, host=config.host.name, run_dir=run_dir_for(config.host.workdir, run_id))
     store.lock(run_id)
-    return _follow(config, console, client, store, transport_for(config), experiment_id, state, _launch_body, sweep)
+    transport = transport_for(config)
+    body = _launch_body
+    return _follow(config, console, client, store, transport, experiment_id, state, body, sweep, signals=signals)
 
 
 def _resume(
@@ -156,6 +173,7 @@ def _resume(
     sweep: Sweep,
     slurm: SlurmJob,
     started: StartedRun,
+    signals: SlurmSignals,
 ) -> int:
     """A sweep job Slurm started again (requeued, preempted): carry on with the run it started, never a second."""
     with outages_named():
@@ -172,7 +190,10 @@ def _resume(
     started_s_ago = max(0.0, time.time() - run.info.start_time / 1000)
     transport = transport_for(config)
     experiment_id = started.experiment_id
-    return _follow(config, console, client, store, transport, experiment_id, state, _resume_body, sweep, started_s_ago)
+    return _follow(
+        config, console, client, store, transport, experiment_id, state, _resume_body, sweep, started_s_ago,
+        signals=signals,
+    )  # fmt: skip
 
 
 def attach_command_(config: JobConfig, console: Console, transport_for: TransportFactory) -> int:
@@ -204,6 +225,8 @@ def cancel_command(config: JobConfig, console: Console, transport_for: Transport
     transport = transport_for(config)
     if (code := _reach(config, transport)) is not None:
         return code
+    if found.slurm_job is not None:  # its follower is a Slurm job, maybe on another node: Slurm stops it
+        return _cancel_slurm_job(config, console, transport, state, found.slurm_job)
     if store.lock(state.run_id) is None:  # someone follows it: stop the worker, the follower ends the run
         return _stop_followed(config, console, transport, state, store.holder(state.run_id))
     # (the lock is let go by _follow, when this command is done with the run)
@@ -244,6 +267,24 @@ def _stop_followed(config: JobConfig, console: Console, transport: Transport, st
         return RunStatus.FAILED.exit_code
     else:
         console.print(f"cancelled {state.run_id}: worker stopped; {follower} ends the run KILLED ({CANCELLED_BY_USER})")
+    return 0
+
+
+def _cancel_slurm_job(config: JobConfig, console: Console, transport: Transport, state: StreamState, job: str) -> int:
+    """A run a Slurm job follows: leave the cancel mark, then `scancel` the job. The job stops the worker
+    (on its own node: a pid means nothing on this machine) and ends the run KILLED, cancelled by the user."""
+    try:
+        request_cancel(transport, state.run_dir)
+    except Exception as exc:  # noqa: BLE001 - one line, as every command's connect failure
+        print(f"{config.host.name}: {exc}", file=sys.stderr)
+        return RunStatus.FAILED.exit_code
+    finally:
+        transport.close()
+    done = subprocess.run(["scancel", job], capture_output=True, text=True, timeout=60, check=False)
+    if done.returncode != 0:
+        print(f"scancel {job}: {done.stderr.strip() or f'exit code {done.returncode}'}", file=sys.stderr)
+        return RunStatus.FAILED.exit_code
+    console.print(f"cancelled {state.run_id}: scancel {job}; the Slurm job stops its worker and ends the run KILLED")
     return 0
 
 
@@ -366,6 +407,7 @@ class Attached:
     state: StreamState
     started_s_ago: float  # for the start deadline
     model: str  # the run's own (its `model` tag): the command line's `model=` is only its default
+    slurm_job: str | None = None  # the Slurm job that follows it (a sweep job of submitit_slurm)
 
 
 def attached_state(client: MlflowClient, store: StateStore, config: JobConfig) -> Attached:
@@ -383,7 +425,8 @@ def attached_state(client: MlflowClient, store: StateStore, config: JobConfig) -
         raise ConfigError(f"run {run_id} ran on host {ran_on!r}; pass host={ran_on}")
     state = store.load(run_id) or _state_from_tags(config, run_id, run.data.tags)
     started_s_ago = max(0.0, time.time() - run.info.start_time / 1000)
-    return Attached(run.info.experiment_id, state, started_s_ago, run.data.tags.get(tags.MODEL) or "?")
+    model, slurm_job = run.data.tags.get(tags.MODEL) or "?", run.data.tags.get(tags.SLURM_JOB_ID)
+    return Attached(run.info.experiment_id, state, started_s_ago, model, slurm_job)
 
 
 def _state_from_tags(config: JobConfig, run_id: str, run_tags: dict[str, str]) -> StreamState:
@@ -409,13 +452,16 @@ def _follow(
     sweep: Sweep | None,
     started_s_ago: float = 0.0,
     model: str | None = None,
+    signals: SlurmSignals | None = None,
 ) -> int:
-    """`model`: the run's own, for a run started earlier (else the config's, which is the run's)."""
+    """`model`: the run's own, for a run started earlier (else the config's, which is the run's). `signals`:
+    Slurm's, for a sweep job Slurm runs."""
+    signals = signals or SlurmSignals(None)
     verb = {Command.ATTACH: "attached to", Command.CANCEL: "cancelling"}.get(config.command, "run")
     model = escape(model or config.model_name)
     console.print(f"[bold]{verb}[/bold] {state.run_id} on [bold]{config.host.name}[/bold] · {model}")
     try:
-        with LiveProgress(console) as live, CtrlC(console) as ctrl_c, SlurmSignals(current_slurm_job()) as slurm:
+        with LiveProgress(console) as live, CtrlC(console) as ctrl_c:
             job = Job(
                 config=config,
                 console=console,
@@ -425,7 +471,7 @@ def _follow(
                 transport=transport,
                 experiment_id=experiment_id,
                 state=state,
-                check_interrupt=_interrupt_check(ctrl_c, sweep, slurm),
+                check_interrupt=_interrupt_check(ctrl_c, sweep, signals),
                 stopping=ctrl_c.stopping,
                 sweep=sweep,
                 started_s_ago=started_s_ago,
@@ -439,6 +485,11 @@ def _follow(
             sweep.cancel("the sweep was interrupted (Ctrl-C)")
         elif sweep.fail_fast and outcome.status is RunStatus.FAILED:
             sweep.cancel(f"job #{sweep.job_num} failed and sweep.fail_fast is set: {outcome.error}")
+    if outcome.status is RunStatus.DETACHED and outcome.stage is Stage.SLURM:
+        console.print(f"[yellow]{outcome.error}[/yellow]")
+        # Requeued: end this run of the Slurm job without a result, as submitit's own requeue does, so that the
+        # launcher waits for the job Slurm starts again (which resumes the run) instead of taking this as its end.
+        raise SystemExit(outcome.status.exit_code)
     return _report(console, job, outcome)
 
 
@@ -480,6 +531,7 @@ def _interrupt_check(ctrl_c: CtrlC, sweep: Sweep | None, slurm: SlurmSignals) ->
     def check() -> None:
         ctrl_c.check()
         slurm.check()
+        slurm.arm()  # inside the lifecycle now: a later stop by Slurm raises where it lands
         if sweep is not None:
             sweep.check()
 

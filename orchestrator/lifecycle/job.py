@@ -51,7 +51,6 @@ from orchestrator.sweep.slurm import (
     SlurmEnd,
     SlurmStopped,
     job_fields,
-    requeue,
     time_limit_text,
     why_stopped,
 )
@@ -346,15 +345,21 @@ def slurm_stop(job: Job, stopped: SlurmStopped) -> Outcome:
     Slurm starts again, which resumes it. A sweep cancelled meanwhile (Ctrl-C scancels its jobs) keeps its
     own reason, and a worker that had ended on its own keeps its end."""
     fields = job_fields(stopped.job.job_id)
-    why = why_stopped(stopped.job, stopped.signum, fields)
+    why = why_stopped(stopped.job, fields)
+    said = " ".join(
+        f"{key}={fields[key]}" for key in ("JobState", "Reason", "RunTime", "TimeLimit", "Restarts") if key in fields
+    )
+    job.live.note(f"{stopped}: {why.value} (scontrol: {said or 'no answer'})")
     swept = job.sweep.cancelled() if job.sweep is not None else None
     slurm_job = stopped.job.job_id
     if swept is not None:
         return stop(job, f"cancelled: {swept}", STOP_GRACE_S)
+    if _cancel_requested(job):  # `cancel=<run>` scancels a Slurm-run run after leaving its mark
+        outcome = stop(job, CANCELLED_BY_USER, STOP_GRACE_S)
+        killed = outcome.status is RunStatus.KILLED
+        return Outcome(RunStatus.KILLED, CANCELLED_BY_USER, Stage.CANCEL) if killed else outcome
     if why is SlurmEnd.REQUEUED:
         reason = f"requeued by Slurm (job {slurm_job}): the job resumes this run when Slurm starts it again"
-        if int(fields.get("Restarts") or stopped.job.restarts) <= stopped.job.restarts:
-            requeue(stopped.job)  # submitit's preemption warning: requeue, as submitit would
     elif why is SlurmEnd.TIME_LIMIT:
         reason = f"Slurm time limit{time_limit_text(fields)} reached: job {slurm_job} stopped, and its worker"
     else:
@@ -366,7 +371,7 @@ def slurm_stop(job: Job, stopped: SlurmStopped) -> Outcome:
         _apply_all(job)
         with outages_named():
             job.client.set_tag(job.state.run_id, tags.SLURM_REQUEUED, str(stopped.job.restarts + 1))
-        return Outcome(RunStatus.DETACHED, reason)
+        return Outcome(RunStatus.DETACHED, reason, Stage.SLURM)  # left for the job Slurm starts again
     status = RunStatus.FAILED if why is SlurmEnd.TIME_LIMIT else RunStatus.KILLED
     return Outcome(status, reason, Stage.SLURM)
 
@@ -507,6 +512,8 @@ def lifecycle(job: Job, body: Callable[[Job], Outcome]) -> Outcome:
                 reason = "interrupted by the user (Ctrl-C)"
             outcome = stop(job, reason)
         if outcome.status is RunStatus.DETACHED:
+            if outcome.stage is Stage.SLURM:  # requeued: the job Slurm starts again resumes the run
+                return outcome
             return leave_for_attach(job, outcome.error or "")
         collect(job, outcome)
         finish(job, outcome)

@@ -1,9 +1,9 @@
 """A sweep job run by Slurm (`hydra/launcher=submitit_slurm`): who it is, and what Slurm's signals mean.
 
 The job follows its worker from the node Slurm gave it (`host=local`); the worker runs in a session of its
-own (`setsid`), which a cluster that tracks processes by parentage (`proctrack/linuxproc`, `pgid`) may
-not stop with the job. So the job stops it itself: Slurm's SIGTERM (and submitit's warning signal,
-SIGUSR2) raise `SlurmStopped` in the job, the lifecycle stops the worker (SIGTERM, then SIGKILL within
+own (`setsid`), which a cluster that tracks processes by process group (`proctrack/pgid`) or misses a
+re-parented process may not stop with the job. So the job stops it itself: Slurm's SIGTERM raises
+`SlurmStopped` in the job, the lifecycle stops the worker (SIGTERM, then SIGKILL within
 `STOP_GRACE_S`, well inside Slurm's KillWait), and the run ends with what Slurm meant:
 
 | Slurm did                         | `scontrol show job` then says           | the run                          |
@@ -13,8 +13,11 @@ SIGUSR2) raise `SlurmStopped` in the job, the lifecycle stops the worker (SIGTER
 | requeued it (`scontrol requeue`,  | `Restarts` above the job's own count    | stays RUNNING, resumed by the    |
 | a preemption)                     |                                         | job when Slurm starts it again   |
 
-A SIGUSR2 is submitit's "you will be stopped soon": past the time limit's warning it is the time limit;
-otherwise a preemption, which submitit answers by requeueing, and so do we (`scontrol requeue`).
+SIGUSR2 is ignored, by the job and by everything it starts. submitit asks Slurm for it (`--signal=USR2@`
+`signal_delay_s`) as a warning before the time limit, to checkpoint and requeue; Slurm sends it to every
+process of the job step, and its default action kills: the worker (a descendant Slurm tracks) and any
+command the job runs at that moment would die of it. A worker cannot be checkpointed anyway, so the
+time limit is met by its SIGTERM; a preemption that requeues the job comes as SIGTERM too.
 
 A requeued job starts again from the top, in the same output folder: `record_run` noted the run it
 started there, so it resumes that run (follows its worker, or starts the worker again in the same run,
@@ -35,8 +38,6 @@ from types import FrameType
 
 # Our own stop of the worker must fit in Slurm's KillWait (30 s by default, often less): SIGTERM, then SIGKILL.
 STOP_GRACE_S = 5.0
-# A SIGUSR2 this close to the time limit is the time limit's warning (submitit asks for it 120 s ahead).
-WARNING_WINDOW_S = 300.0
 _SCONTROL_TIMEOUT_S = 10.0
 
 
@@ -92,27 +93,19 @@ def seconds(duration: str) -> float | None:
     return ((days * 24 + hours) * 60 + minutes) * 60 + secs
 
 
-def why_stopped(job: SlurmJob, signum: int, fields: dict[str, str] | None = None) -> SlurmEnd:
-    """What a signal from Slurm means for this job, from what `scontrol` says now (see the module's table)."""
+def why_stopped(job: SlurmJob, fields: dict[str, str] | None = None) -> SlurmEnd:
+    """What Slurm's SIGTERM means for this job, from what `scontrol` says now (see the module's table)."""
     fields = job_fields(job.job_id) if fields is None else fields
     if int(fields.get("Restarts") or job.restarts) > job.restarts:
         return SlurmEnd.REQUEUED
     run, limit = seconds(fields.get("RunTime", "")), seconds(fields.get("TimeLimit", ""))
     past_limit = fields.get("Reason") == "TimeLimit" or (run is not None and limit is not None and run >= limit)
-    if signum == signal.SIGUSR2:
-        near_limit = run is not None and limit is not None and limit - run <= WARNING_WINDOW_S
-        return SlurmEnd.TIME_LIMIT if past_limit or near_limit else SlurmEnd.REQUEUED
     return SlurmEnd.TIME_LIMIT if past_limit else SlurmEnd.CANCELLED
 
 
 def time_limit_text(fields: dict[str, str]) -> str:
     limit = fields.get("TimeLimit")
     return f" of {limit}" if limit and seconds(limit) is not None else ""
-
-
-def requeue(job: SlurmJob) -> None:
-    """Put the job back in the queue (a preemption warning): Slurm then stops this run of it."""
-    subprocess.run(["scontrol", "requeue", job.job_id], capture_output=True, timeout=_SCONTROL_TIMEOUT_S)
 
 
 class SlurmStopped(BaseException):
@@ -125,28 +118,41 @@ class SlurmStopped(BaseException):
 
 
 class SlurmSignals:
-    """While a job follows its worker: Slurm's SIGTERM and SIGUSR2 raise `SlurmStopped` (once; later ones are
-    noted only), and `check()` raises it again where a library swallowed it. Outside Slurm it does nothing."""
+    """For a job's whole life under Slurm: SIGTERM means Slurm is stopping the job, and SIGUSR2 is ignored.
+
+    Before `arm()` (the job has no worker yet) a stop is only remembered, and `check()` raises it at the
+    lifecycle's first look; once armed it raises `SlurmStopped` where it lands (once; later ones are noted
+    only). Outside Slurm it does nothing."""
 
     def __init__(self, job: SlurmJob | None) -> None:
         self.job = job
         self.signum: int | None = None
+        self.armed = False
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> SlurmSignals:
         if self.job is not None:
-            for signum in (signal.SIGTERM, signal.SIGUSR2):
-                self._previous[signum] = signal.signal(signum, self._handle)
+            self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._stop)
+            # Ignored, not handled: an ignored signal stays ignored in every process this one starts, the
+            # worker included, which Slurm's USR2 would otherwise kill (see the module's docstring).
+            self._previous[signal.SIGUSR2] = signal.signal(signal.SIGUSR2, signal.SIG_IGN)
         return self
 
     def __exit__(self, *_exc: object) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)  # type: ignore[arg-type]
 
-    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+    def arm(self) -> None:
+        self.armed = True
+
+    def _stop(self, signum: int, _frame: FrameType | None) -> None:
         if self.signum is None and self.job is not None:
             self.signum = signum
-            raise SlurmStopped(self.job, signum)
+            # From now on SIGTERM is ignored here and in every command the job runs to stop the worker
+            # (`scontrol`, `kill`): Slurm goes on signalling each process of the step, new ones included.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            if self.armed:
+                raise SlurmStopped(self.job, signum)
 
     def check(self) -> None:
         if self.signum is not None and self.job is not None:
