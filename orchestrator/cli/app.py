@@ -54,7 +54,15 @@ from orchestrator.lifecycle.job import (
 )
 from orchestrator.stream.state import StateStore, StreamState
 from orchestrator.sweep import Sweep, assign_host, current_sweep, record_job_error
-from orchestrator.sweep.slurm import SlurmJob, SlurmSignals, StartedRun, current_slurm_job, record_run, recorded_run
+from orchestrator.sweep.slurm import (
+    STOP_GRACE_S,
+    SlurmJob,
+    SlurmSignals,
+    StartedRun,
+    current_slurm_job,
+    record_run,
+    recorded_run,
+)
 from orchestrator.tracking import tags
 from orchestrator.tracking.client import TrackingUnavailable, open_tracking, outages_named
 from orchestrator.tracking.gitinfo import git_info
@@ -472,7 +480,8 @@ def _follow(
                 experiment_id=experiment_id,
                 state=state,
                 check_interrupt=_interrupt_check(ctrl_c, sweep, signals),
-                stopping=ctrl_c.stopping,
+                stopping=_stopping(ctrl_c, signals),
+                stop_grace_s=STOP_GRACE_S if signals.job is not None else None,
                 sweep=sweep,
                 started_s_ago=started_s_ago,
             )
@@ -523,6 +532,16 @@ def _report(console: Console, job: Job, outcome: Outcome) -> int:
     # On a line of its own and never folded, so that it can be clicked or pasted whatever the width.
     console.print(run_url(job.client, job.experiment_id, run_id), soft_wrap=True, markup=False, highlight=False)
     return outcome.status.exit_code
+
+
+def _stopping(ctrl_c: CtrlC, slurm: SlurmSignals) -> Callable[[], None]:
+    """What the lifecycle calls once it begins to stop the worker: neither Ctrl-C nor Slurm breaks that off."""
+
+    def stopping() -> None:
+        ctrl_c.stopping()
+        slurm.disarm()
+
+    return stopping
 
 
 def _interrupt_check(ctrl_c: CtrlC, sweep: Sweep | None, slurm: SlurmSignals) -> Callable[[], None]:

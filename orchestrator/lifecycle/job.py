@@ -85,6 +85,7 @@ class Job:
     stopping: Callable[[], None] = lambda: None  # from now on Ctrl-C must not interrupt the clean-up
     sweep: Sweep | None = None
     started_s_ago: float = 0.0  # attach: how long ago the run began (for the start deadline)
+    stop_grace_s: float | None = None  # SIGTERM to SIGKILL in a stop; None: orchestrator.kill_grace_s
     launched: bool = False  # a worker may be running: every failure from here on stops it
     tracking_down: bool = False  # the last call to MLflow found it unreachable
     interrupted: bool = False  # Ctrl-C or a cancel: nothing waits any more
@@ -314,8 +315,9 @@ def stop(job: Job, reason: str, grace_s: float | None = None) -> Outcome:
 
     The end is what the worker recorded: one that had ended on its own (FINISHED or FAILED in its `end`
     event, read now or before) keeps its status; one our SIGTERM stopped ends KILLED with our reason.
-    `grace_s`: SIGTERM to SIGKILL (orchestrator.kill_grace_s unless a deadline of its own, Slurm's, is shorter)."""
-    grace_s = job.config.orchestrator.kill_grace_s if grace_s is None else grace_s
+    `grace_s`: SIGTERM to SIGKILL; the job's own (a Slurm job's fits Slurm's KillWait), else
+    orchestrator.kill_grace_s."""
+    grace_s = next((g for g in (grace_s, job.stop_grace_s) if g is not None), job.config.orchestrator.kill_grace_s)
     if job.launched:
         job.live.note(f"[yellow]{reason}: stopping the worker[/yellow]")
         for attempt in (1, 2):  # a dropped connection gets one fresh one: the stop must not give up lightly

@@ -145,6 +145,11 @@ class SlurmSignals:
     def arm(self) -> None:
         self.armed = True
 
+    def disarm(self) -> None:
+        """The job is stopping its worker already (Ctrl-C, a cancelled sweep): a stop by Slurm now must not
+        break off that clean-up; it is only remembered."""
+        self.armed = False
+
     def _stop(self, signum: int, _frame: FrameType | None) -> None:
         if self.signum is None and self.job is not None:
             self.signum = signum
