@@ -9,8 +9,10 @@ it (under a file lock) and writes `cluster.json`; the others read that file; the
 stops it when the session ends (`stop_recorded_cluster`, called from conftest's `pytest_sessionfinish`).
 
 What the configuration says, and why:
-- `ProctrackType=proctrack/linuxproc`: processes are tracked by parentage, not by cgroup (a container has
-  no cgroup to give). The job's own SIGTERM handling must then stop the worker it started.
+- `ProctrackType=proctrack/pgid`: Slurm knows a job's processes by their process group, not by cgroup (a
+  container has none to give). The worker runs in a session of its own (`setsid`), so Slurm never signals
+  it: only the job's own SIGTERM handling stops it, which is what the tests check (with `linuxproc`,
+  which tracks by parentage, Slurm would also kill a worker still under the job's step).
 - `SelectTypeParameters=CR_CPU`: CPUs are the consumable resource, so a job asking for every CPU keeps
   the next one pending (the Ctrl-C test needs a pending job).
 - `KillWait=10`: between Slurm's SIGTERM and its SIGKILL, the time the job has to stop its worker.
@@ -111,7 +113,7 @@ def _conf(root: Path, node: str, cpus: int, ports: list[int], partition: str) ->
             f"SlurmdPidFile={root / 'slurmd.pid'}",
             f"SlurmctldLogFile={root / 'log' / 'slurmctld.log'}",
             f"SlurmdLogFile={root / 'log' / 'slurmd.log'}",
-            "ProctrackType=proctrack/linuxproc",
+            "ProctrackType=proctrack/pgid",
             "TaskPlugin=task/none",
             "SchedulerType=sched/builtin",
             "SelectType=select/cons_tres",

@@ -149,17 +149,21 @@ class FakeJob:
         self.paths = FakePaths(folder / f"{job_id}_result.pkl")
 
     def results(self) -> list[JobReturn]:
-        """As submitit's: what the job returned, Hydra's JobReturn around the job's exit code."""
-        code = int(self.paths.result_pickle.read_text())
-        return [JobReturn(status=JobStatus.COMPLETED, _return_value=code)]
+        """As submitit's: what the job returned, Hydra's JobReturn around the job's exit code or exception."""
+        text = self.paths.result_pickle.read_text()
+        if not text.isdigit():
+            return [JobReturn(status=JobStatus.FAILED, _return_value=RuntimeError(text))]
+        return [JobReturn(status=JobStatus.COMPLETED, _return_value=int(text))]
 
 
 def test_the_launcher_waits_for_results_and_names_jobs_that_left_none(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Job 0 writes its result; job 1 leaves the queue without one (cancelled while pending); Ctrl-C (the
-    sweep's `cancelled` file) cancels what still waits, and job 2 then leaves the queue too."""
-    jobs = [FakeJob(f"12_{n}", tmp_path) for n in range(3)]
+    """Job 0 writes its result; job 1 leaves the queue without one (cancelled while pending); job 3 raised in
+    submitit (its result is the exception); Ctrl-C (the sweep's `cancelled` file) cancels what still waits,
+    and job 2 then leaves the queue too."""
+    jobs = [FakeJob(f"12_{n}", tmp_path) for n in range(4)]
+    jobs[3].paths.result_pickle.write_text("Job not requeued because: timed-out too many times.")
     queue = {"12_0", "12_2"}
     cancelled: list[list[str]] = []
     looks = {"n": 0}
@@ -184,11 +188,14 @@ def test_the_launcher_waits_for_results_and_names_jobs_that_left_none(
     monkeypatch.setattr(slurm_launcher, "POLL_S", 0.0)
     monkeypatch.setattr(slurm_launcher, "QUEUE_EVERY_S", 0.0)
     returns = slurm_launcher._wait(tmp_path, [(n, [f"seed={n}"], job) for n, job in enumerate(jobs)])
-    assert [r.return_value for r in returns] == [0, RunStatus.KILLED.exit_code, RunStatus.KILLED.exit_code]
+    killed, failed = RunStatus.KILLED.exit_code, RunStatus.FAILED.exit_code
+    assert [r.return_value for r in returns] == [0, killed, killed, failed]
     assert cancelled == [["12_2"]]  # only what still waited, once
     errors = runless_jobs(tmp_path, 0.0)
     assert errors == {
         1: "not started: Slurm job 12_1 was cancelled before it ran",
         2: "not started: the sweep was interrupted (Ctrl-C) (Slurm job 12_2 cancelled)",
+        3: "Slurm job 12_3 failed before it had a run: RuntimeError: Job not requeued because: timed-out too many "
+        "times.",
     }
     assert "job #2: not started: the sweep was interrupted (Ctrl-C)" in capsys.readouterr().out

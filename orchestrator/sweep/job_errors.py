@@ -26,8 +26,9 @@ def record_job_error(error: str) -> None:
         (folder / JOB_ERROR_FILE).write_text(error + "\n", encoding="utf-8")
 
 
-def record_unstarted(job_dir: Path, error: str) -> None:
-    """A job the launcher knows never ran (its `error` says why): its row in the summary."""
+def record_runless(job_dir: Path, error: str) -> None:
+    """A job the launcher knows never had a run (cancelled while queued, crashed in submitit): its `error` for
+    the summary."""
     job_dir.mkdir(parents=True, exist_ok=True)
     (job_dir / JOB_ERROR_FILE).write_text(error + "\n", encoding="utf-8")
 

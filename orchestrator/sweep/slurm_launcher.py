@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import subprocess
 import time
 from collections.abc import Sequence
@@ -33,7 +34,7 @@ from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as PluginSlurmLauncher
 from omegaconf import OmegaConf
 
-from orchestrator.sweep.job_errors import record_unstarted
+from orchestrator.sweep.job_errors import record_runless
 from orchestrator.sweep.membership import CANCELLED_FILE
 from orchestrator.sweep.slurm import job_fields
 from orchestrator.tracking.status import NOT_STARTED, RunStatus
@@ -70,6 +71,12 @@ class SweepSlurmLauncher(PluginSlurmLauncher):
         print(f"submitted {len(jobs)} jobs to Slurm as array {array} (squeue -j {array})", flush=True)
         return _wait(sweep_dir, list(zip(numbers, job_overrides, jobs, strict=True)))
 
+    def __call__(self, *args: Any, **kwargs: Any) -> JobReturn:
+        """The job, on its node. SIGUSR2 is ignored from its first moment (see `slurm.py`): submitit's own
+        handler would otherwise answer the time limit's warning by raising inside the job."""
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+        return super().__call__(*args, **kwargs)
+
     def _init_params(self) -> dict[str, Any]:
         """The executor's own settings, as the plugin gives them."""
         init = {"folder": self.params["submitit_folder"]}
@@ -94,9 +101,9 @@ def _wait(sweep_dir: Path, jobs: list[tuple[int, Sequence[str], Any]]) -> list[J
     cancelled_sent = False
     next_queue = 0.0
     while len(results) < len(jobs):
-        for index, (_number, _overrides, job) in enumerate(jobs):
+        for index, (number, overrides, job) in enumerate(jobs):
             if index not in results and job.paths.result_pickle.exists():
-                results[index] = job.results()[0]
+                results[index] = _result(sweep_dir, number, overrides, job)
         waiting = [index for index in range(len(jobs)) if index not in results]
         reason = _cancelled(sweep_dir)
         if reason is not None and not cancelled_sent and waiting:
@@ -116,6 +123,21 @@ def _wait(sweep_dir: Path, jobs: list[tuple[int, Sequence[str], Any]]) -> list[J
     return [results[index] for index in range(len(jobs))]
 
 
+def _result(sweep_dir: Path, number: int, overrides: Sequence[str], job: Any) -> JobReturn:
+    """What the job returned; a job that raised (in submitit, before or around the orchestrator's own code,
+    which returns an exit code whatever happens) is a FAILED row of the summary, never the sweep's crash."""
+    try:
+        returned = job.results()[0]
+        if returned.status is not JobStatus.FAILED:
+            return returned
+        raise returned._return_value
+    except Exception as exc:  # noqa: BLE001 - any of a job's exceptions is that job's failure
+        error = f"Slurm job {job.job_id} failed before it had a run: {type(exc).__name__}: {exc}"
+    record_runless(sweep_dir / str(number), error)
+    print(f"job #{number}: {error}", flush=True)
+    return JobReturn(overrides=list(overrides), status=JobStatus.COMPLETED, _return_value=RunStatus.FAILED.exit_code)
+
+
 def _without_result(
     sweep_dir: Path, number: int, overrides: Sequence[str], job_id: str, cancelled: str | None
 ) -> JobReturn:
@@ -128,7 +150,7 @@ def _without_result(
     else:
         error = f"Slurm job {job_id} ended without a result ({state or 'Slurm no longer knows it'})"
         status = RunStatus.FAILED
-    record_unstarted(sweep_dir / str(number), error)
+    record_runless(sweep_dir / str(number), error)
     print(f"job #{number}: {error}", flush=True)
     return JobReturn(overrides=list(overrides), status=JobStatus.COMPLETED, _return_value=status.exit_code)
 
