@@ -142,9 +142,17 @@ def test_a_submitit_local_sweep_lands_in_mlflow_the_same_way(mlflow_server: Mlfl
 
 
 def test_jobs_spread_over_a_pool_of_hosts(sshd: SSHServer, mlflow_server: MlflowServer, tmp_path: Path) -> None:
-    """sweep.hosts=[local, test_sshd]: even jobs on this machine, odd ones over SSH, one parent run."""
+    """sweep.hosts=[test_local, test_sshd] (this machine, and it again over SSH, each with its own folders as two
+    machines would have; no GPU to lease): each job takes the host with the fewest jobs running or just claimed
+    there, ties in pool order, so one after the other they alternate; one parent run."""
     conf = tmp_path / "conf" / "host"
     conf.mkdir(parents=True)
+    local = {
+        **yaml.safe_load((PROJECT_ROOT / "conf" / "host" / "local.yaml").read_text()),
+        "name": "test_local",
+        "workdir": str(tmp_path / "local"),
+        "gpu_lock_dir": str(tmp_path / "local-locks"),
+    }
     host = {
         **yaml.safe_load((PROJECT_ROOT / "conf" / "host" / "localhost_ssh.yaml").read_text()),
         "name": "test_sshd",
@@ -154,22 +162,31 @@ def test_jobs_spread_over_a_pool_of_hosts(sshd: SSHServer, mlflow_server: Mlflow
         "identity_file": str(sshd.client_key),
         "known_hosts": str(sshd.known_hosts),
         "python": sys.executable,
+        "workdir": str(tmp_path / "work"),
+        "gpu_lock_dir": str(tmp_path / "locks"),
     }
+    (conf / "test_local.yaml").write_text(yaml.safe_dump(local))
     (conf / "test_sshd.yaml").write_text(yaml.safe_dump(host))
     args = [
+        "--multirun",
         "experiment=probe",
         "seed=0,1,2",
-        "sweep.hosts=[local,test_sshd]",
+        "host.gpus=none",
+        "sweep.hosts=[test_local,test_sshd]",
         f"hydra.searchpath=[file://{conf.parent}]",
+        f"orchestrator.state_dir={tmp_path / 'state'}",
+        "tracking=server",
+        f"tracking.uri={mlflow_server.uri}",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
     ]
-    result = run_sweep(args, mlflow_server, tmp_path)
+    result = run_orchestrator(args, tmp_path, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     client = MlflowClient(tracking_uri=mlflow_server.uri)
     parent, jobs = sweep_runs(client, tmp_path)
     assert [(j.data.tags["host"], j.info.status) for j in jobs] == [
-        ("local", "FINISHED"),
+        ("test_local", "FINISHED"),
         ("test_sshd", "FINISHED"),
-        ("local", "FINISHED"),
+        ("test_local", "FINISHED"),
     ]
     assert parent.info.status == "FINISHED"
     assert (tmp_path / "work" / "code").is_dir(), "the SSH job synced a code snapshot"

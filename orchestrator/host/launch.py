@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.host.leases import RESERVED
 from orchestrator.host.transport import Transport
 from remote_worker.prompt_set import RUN_PROMPTS_FILE
 
@@ -40,7 +41,8 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # <locks>/gpu<N>.lock through fd 9, which the worker inherits, so the lease lasts exactly as long as the
 # worker's process group, however it ends. No free GPU: it waits, and says so in a file the status reads.
 # The lock folder is shared by every user of the host (sticky and world-writable, like /tmp); a lock file
-# is opened read-only, so another user's file locks as well as one's own.
+# is opened read-only, so another user's file locks as well as one's own. A lease taken ends the claim a pool's
+# job may hold on that GPU (`leases.py`): 0 in this user's reservation file, the newest, means taken.
 _SUPERVISE = (
     "echo $$ > pid; "
     f"if [ -e {CANCELLED_FILE} ]; then rm -f {ENV_FILE}; echo 143 > exit_code.part; "
@@ -53,6 +55,8 @@ _SUPERVISE = (
     '[ -e "$f" ] || (umask 0; : >> "$f"); exec 9<"$f"; '
     "if flock -n 9; then lease=$g; break; fi; exec 9<&-; done; "
     f'[ -n "$lease" ] || {{ echo "$gpus" > {WAITING_FILE}; sleep 1; }}; done; '
+    f'for r in "$locks/gpu$lease.{RESERVED}".*; do [ -e "$r" ] && echo 0 > "$locks/gpu$lease.{RESERVED}.$(id -u)"; '
+    "break; done 2>/dev/null; "
     f'rm -f {WAITING_FILE}; echo "$lease $(date +%s.%N)" > {LEASE_FILE}; export CUDA_VISIBLE_DEVICES=$lease; fi; '
     '(eval "$worker_env" && exec "$@"); code=$?; '
     f'if [ -n "$gpus" ]; then echo "$(cat {LEASE_FILE}) $(date +%s.%N)" > {LEASE_FILE}.part; '

@@ -1,7 +1,7 @@
 """Hydra multiruns as one MLflow parent run with every job a child run under it.
 
 - `membership`: the sweep folder a job shares with the others, and the cancellation it may carry
-- `host_pool`: `sweep.hosts`, job N on hosts[N % len]
+- `host_pool`: `sweep.hosts`, each job on a host of the pool with a free GPU lease
 - `job_errors`: jobs that failed before they had a run, for the summary
 - `callback`: the parent run before the jobs, Ctrl-C for all of them, the summary after
 - `rows`: the jobs' and methods' results, read back from MLflow
