@@ -185,12 +185,13 @@ def test_a_claim_reserves_a_free_gpu_until_it_lapses(tmp_path: Path, held) -> No
     assert look(locks) == Leases(gpus=(0, 1), free=(0, 1)), "a first look creates what it needs"
     held(locks, 0)
     assert look(locks) == Leases(gpus=(0, 1), busy=1, free=(1,))
-    claimed = look(locks, claim=True, claim_s=1)
+    claimed_at = time.monotonic()
+    claimed = look(locks, claim=True, claim_s=4)  # long enough for the two looks below on a busy machine
     assert claimed.claimed == 1
     after = look(locks)
     assert (after.busy, after.reserved, after.free, after.load, after.available) == (1, 1, (), 2, False)
     assert look(locks, claim=True).claimed is None, "a reserved GPU is not claimed twice"
-    time.sleep(2.1)  # the claim lapses (a job that never launched)
+    time.sleep(max(0.0, claimed_at + 4.1 - time.monotonic()))  # the claim lapses (a job that never launched)
     assert look(locks).free == (1,)
     assert oct((locks).stat().st_mode & 0o7777) == "0o1777", "one lock folder for every user of the host"
 

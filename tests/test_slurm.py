@@ -109,6 +109,24 @@ def running_worker(tmp_path: Path) -> Callable[[], Path | None]:
     return find
 
 
+def with_worker(
+    start: Callable[..., subprocess.Popen], args: list[str], tmp_path: Path
+) -> tuple[subprocess.Popen, Path]:
+    """Start the sweep and wait until its (first) worker decodes; the process and that worker's run folder."""
+    process = start(args)
+    run_dir = wait_for("a running worker", running_worker(tmp_path), 180, process)
+    assert isinstance(run_dir, Path)
+    return process, run_dir
+
+
+def another_terminal(command: str, server: MlflowServer, tmp_path: Path) -> subprocess.CompletedProcess:
+    """`list=true`, `logs=<run>`, `cancel=<run>` as a user types them elsewhere, against the same work dir."""
+    folder = tmp_path / command.split("=")[0]
+    folder.mkdir()
+    paths = [f"host.workdir={tmp_path / 'work'}", f"orchestrator.state_dir={tmp_path / 'state'}"]
+    return run_orchestrator([command, *paths, "tracking=server", f"tracking.uri={server.uri}"], folder, timeout=120)
+
+
 def finish(process: subprocess.Popen, timeout_s: float = 240) -> tuple[str, str]:
     try:
         return process.communicate(timeout=timeout_s)
@@ -162,17 +180,11 @@ def test_scancel_ends_the_run_killed_and_stops_its_worker(
     slurm: SlurmCluster, mlflow_server: MlflowServer, tmp_path: Path, start: Callable[..., subprocess.Popen]
 ) -> None:
     """And while it ran, `list`, `logs` and the run folder on the shared work dir showed it."""
-    process = start(slurm_args(slurm, mlflow_server, tmp_path, *LONG_DECODE))
-    run_dir = wait_for("a running worker", running_worker(tmp_path), 180, process)
-    assert isinstance(run_dir, Path)
+    process, run_dir = with_worker(start, slurm_args(slurm, mlflow_server, tmp_path, *LONG_DECODE), tmp_path)
     run_id = run_dir.name
-    paths = [f"host.workdir={tmp_path / 'work'}", f"orchestrator.state_dir={tmp_path / 'state'}"]
-    tracking = ["tracking=server", f"tracking.uri={mlflow_server.uri}"]
-    (tmp_path / "list").mkdir()
-    listed = run_orchestrator(["list=true", *paths, *tracking], tmp_path / "list", timeout=120)
+    listed = another_terminal("list=true", mlflow_server, tmp_path)
     assert run_id[:8] in listed.stdout, listed.stdout + listed.stderr
-    (tmp_path / "logs").mkdir()
-    logs = run_orchestrator([f"logs={run_id}", *paths, *tracking], tmp_path / "logs", timeout=120)
+    logs = another_terminal(f"logs={run_id}", mlflow_server, tmp_path)
     assert logs.returncode == 0 and "loaded tiny_hybrid" in logs.stdout, logs.stdout + logs.stderr
     job_id = slurm_ids(tmp_path)[0]
     slurm.command("scancel", job_id)
@@ -191,9 +203,7 @@ def test_a_job_past_its_time_limit_fails_with_slurm_time_limit(
 ) -> None:
     """`--time` of one minute (Slurm enforces it within about 30 s more) on a worker that needs minutes."""
     args = [*slurm_args(slurm, mlflow_server, tmp_path, *LONG_DECODE), "hydra.launcher.timeout_min=1"]
-    process = start(args)
-    run_dir = wait_for("a running worker", running_worker(tmp_path), 180, process)
-    assert isinstance(run_dir, Path)
+    process, run_dir = with_worker(start, args, tmp_path)
     out, err = finish(process, timeout_s=240)
     assert process.returncode == 1, out + err
     client = MlflowClient(tracking_uri=mlflow_server.uri)
@@ -210,9 +220,7 @@ def test_a_requeued_job_resumes_the_run_it_started(
 ) -> None:
     """`scontrol requeue`: the job stops its worker and leaves its run; started again, the job starts the worker
     again in that same run (one child run, its log continued), which then finishes with every metric once."""
-    process = start(slurm_args(slurm, mlflow_server, tmp_path, *SHORT_DECODE))
-    run_dir = wait_for("a running worker", running_worker(tmp_path), 180, process)
-    assert isinstance(run_dir, Path)
+    process, run_dir = with_worker(start, slurm_args(slurm, mlflow_server, tmp_path, *SHORT_DECODE), tmp_path)
     first_pgid = int((run_dir / PID_FILE).read_text())
     job_id = slurm_ids(tmp_path)[0]
     slurm.command("scontrol", "requeue", job_id)
@@ -243,9 +251,7 @@ def test_ctrl_c_cancels_every_job_the_sweep_submitted(
     """Three jobs that each take every CPU of the node: one runs, two wait in the queue. Ctrl-C scancels all
     three; the running one stops its worker and ends KILLED, the waiting ones are `not started` rows."""
     args = [*LONG_DECODE, "seed=0,1,2", f"hydra.launcher.cpus_per_task={slurm.cpus}"]
-    process = start(slurm_args(slurm, mlflow_server, tmp_path, *args))
-    run_dir = wait_for("a running worker", running_worker(tmp_path), 180, process)
-    assert isinstance(run_dir, Path)
+    process, run_dir = with_worker(start, slurm_args(slurm, mlflow_server, tmp_path, *args), tmp_path)
     ids = slurm_ids(tmp_path)
     assert sorted(slurm.queue()[i] for i in ids.values()) == ["PENDING", "PENDING", "RUNNING"]
     os.killpg(process.pid, signal.SIGINT)
@@ -271,14 +277,9 @@ def test_cancel_of_a_run_a_slurm_job_follows_ends_it_cancelled_by_the_user(
     slurm: SlurmCluster, mlflow_server: MlflowServer, tmp_path: Path, start: Callable[..., subprocess.Popen]
 ) -> None:
     """`cancel=<run>` from another terminal: the mark, then scancel; the job stops its worker and ends the run."""
-    process = start(slurm_args(slurm, mlflow_server, tmp_path, *LONG_DECODE))
-    run_dir = wait_for("a running worker", running_worker(tmp_path), 180, process)
-    assert isinstance(run_dir, Path)
+    process, run_dir = with_worker(start, slurm_args(slurm, mlflow_server, tmp_path, *LONG_DECODE), tmp_path)
     job_id = slurm_ids(tmp_path)[0]
-    (tmp_path / "cancel").mkdir()
-    paths = [f"host.workdir={tmp_path / 'work'}", f"orchestrator.state_dir={tmp_path / 'state'}"]
-    args = [f"cancel={run_dir.name}", *paths, "tracking=server", f"tracking.uri={mlflow_server.uri}"]
-    cancelled = run_orchestrator(args, tmp_path / "cancel", timeout=120)
+    cancelled = another_terminal(f"cancel={run_dir.name}", mlflow_server, tmp_path)
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
     assert f"cancelled {run_dir.name}: scancel {job_id}; the Slurm job stops its worker" in cancelled.stdout
     out, err = finish(process)
