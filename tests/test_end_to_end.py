@@ -83,6 +83,18 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
+def workers_under(pid: int) -> list[int]:
+    """The supervisor's children that are the worker by now (`python -m remote_worker`, after the exec)."""
+    found = []
+    for child in children_of(pid):
+        try:
+            if b"remote_worker" in Path(f"/proc/{child}/cmdline").read_bytes():
+                found.append(child)
+        except OSError:
+            continue
+    return found
+
+
 def test_probe_run_is_tracked_completely(mlflow_server: MlflowServer, job_paths: JobPaths, tmp_path: Path) -> None:
     # host.gpus=[0]: the run leases GPU slot 0 (a lock, CUDA_VISIBLE_DEVICES) even on a machine without one
     result = run_orchestrator(server_args(mlflow_server, job_paths, "experiment=probe", "host.gpus=[0]"), cwd=tmp_path)
@@ -179,7 +191,9 @@ def test_worker_killed_by_sigkill_gives_failed_run(
     process = start_orchestrator(server_args(mlflow_server, job_paths), cwd=tmp_path)
     try:
         pid_file, supervisor = launched_supervisor(job_paths)
-        worker = wait_for(lambda: children_of(supervisor), 10, "the worker process")[0]
+        # The worker itself: the supervisor's first children are short-lived (`cat worker.env`, the subshell
+        # before its exec), and killing one of those is a different failure.
+        worker = wait_for(lambda: workers_under(supervisor), 10, "the worker process")[0]
         os.kill(worker, signal.SIGKILL)
         stdout, stderr = process.communicate(timeout=120)
     finally:
