@@ -155,7 +155,9 @@ def start_cluster(root: Path) -> SlurmCluster:
     key = key_dir / "munge.key"
     key.write_bytes(os.urandom(1024))
     os.chmod(key, 0o400)
-    node, cpus, partition = socket.gethostname(), os.cpu_count() or 1, "tests"
+    # The short host name, and given to slurmd by name: a machine whose name is a full domain name still
+    # finds its node line.
+    node, cpus, partition = socket.gethostname().split(".")[0], os.cpu_count() or 1, "tests"
     conf = root / "slurm.conf"
     conf.write_text(_conf(root, node, cpus, _free_ports(2), partition))
     munge = root / "munge"
@@ -170,8 +172,8 @@ def start_cluster(root: Path) -> SlurmCluster:
         )  # fmt: skip
         pids["munged"] = _read_pid(munge / "munged.pid", deadline)
         env = {**os.environ, "SLURM_CONF": str(conf)}
-        for daemon in ("slurmctld", "slurmd"):
-            subprocess.run([daemon, "-f", str(conf)], env=env, check=True, timeout=30)
+        for daemon, extra in (("slurmctld", []), ("slurmd", ["-N", node])):
+            subprocess.run([daemon, "-f", str(conf), *extra], env=env, check=True, timeout=30)
             pids[daemon] = _read_pid(root / f"{daemon}.pid", deadline)
         cluster = SlurmCluster(str(root), str(conf), partition, node, cpus, pids)
         while (cluster.command("sinfo", "-h", "-o", "%t", check=False).strip() or "down") not in ("idle", "mix"):
