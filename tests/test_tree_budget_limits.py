@@ -9,15 +9,14 @@ import re
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
-from orchestrator import CONF_DIR
 from orchestrator.config.validation import ConfigError
 from remote_worker.decoding.tree_limits import beyond_draft, distinct_nodes
 from remote_worker.events import EventLog
 from remote_worker.experiments.ddtree_gdn import run_ddtree_gdn
 from remote_worker.spec import parse_spec
 from tests.conftest import run_orchestrator
+from tests.specs import decode_spec
 from tests.test_validation import composed
 
 GIB = 1 << 30
@@ -89,16 +88,7 @@ def test_a_checkpoint_on_this_machine_is_read_and_a_remote_one_left_to_the_worke
 
 
 def worker_spec(run_dir: Path, **decode: object) -> dict:
-    model = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / "tiny_hybrid.yaml"))
-    model.update(device="cpu")
-    return {
-        "run_id": "t",
-        "run_dir": str(run_dir),
-        "seed": 0,
-        "experiment": {"name": "ddtree_gdn", "num_prompts": 1},
-        "model": model,
-        "decode": {"max_new_tokens": 4, **decode},
-    }
+    return decode_spec(run_dir, num_prompts=1, model={"device": "cpu"}, max_new_tokens=4, **decode)
 
 
 def test_the_worker_refuses_a_budget_its_draft_block_cannot_fill(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.stream.events import split_events
+from tests import specs
 from tests.conftest import PROJECT_ROOT
 
 pytestmark = pytest.mark.worker  # also run under the oldest supported transformers (make test-compat)
@@ -35,19 +36,7 @@ def events(run_dir: Path) -> list:
 
 
 def decode_spec(run_dir: Path) -> dict:
-    from omegaconf import OmegaConf
-
-    from orchestrator import CONF_DIR
-
-    model = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / "tiny_hybrid.yaml"))
-    return {
-        "run_id": "t",
-        "run_dir": str(run_dir),
-        "seed": 0,
-        "experiment": {"name": "ddtree_gdn", "num_prompts": 2},
-        "model": model,
-        "decode": {"max_new_tokens": 200, "tree_budgets": [64]},
-    }
+    return specs.decode_spec(run_dir, num_prompts=2, max_new_tokens=200, tree_budgets=[64])
 
 
 def test_a_bad_spec_is_an_ordinary_failed_run(tmp_path: Path) -> None:

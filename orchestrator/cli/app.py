@@ -168,8 +168,9 @@ def _run(
     state = StreamState(run_id=run_id, host=config.host.name, run_dir=run_dir_for(config.host.workdir, run_id))
     store.lock(run_id)
     transport = transport_for(config)
-    body = _launch_body
-    return _follow(config, console, client, store, transport, experiment_id, state, body, sweep, signals=signals)
+    return _follow(
+        config, console, client, store, transport, experiment_id, state, _launch_body, sweep, signals=signals
+    )
 
 
 def _resume(

@@ -37,8 +37,7 @@ class Sweep:
 
     def cancelled(self) -> str | None:
         """Why the sweep was cancelled, or None."""
-        path = self.dir / CANCELLED_FILE
-        return path.read_text(encoding="utf-8").strip() if path.exists() else None
+        return cancel_reason(self.dir)
 
     def cancel(self, reason: str) -> None:
         """Stop the rest of the sweep; the first reason given is kept."""
@@ -54,6 +53,12 @@ class Sweep:
         reason = self.cancelled()
         if reason is not None:
             raise SweepCancelled(reason)
+
+
+def cancel_reason(folder: Path) -> str | None:
+    """Why the sweep in `folder` was cancelled, or None (also read by a launcher, which has no `Sweep`)."""
+    path = folder / CANCELLED_FILE
+    return path.read_text(encoding="utf-8").strip() if path.exists() else None
 
 
 def sweep_dir_of(hydra_cfg: Any) -> Path:

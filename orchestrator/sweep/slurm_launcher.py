@@ -35,7 +35,7 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLaunche
 from omegaconf import OmegaConf
 
 from orchestrator.sweep.job_errors import record_runless
-from orchestrator.sweep.membership import CANCELLED_FILE
+from orchestrator.sweep.membership import cancel_reason
 from orchestrator.sweep.slurm import job_fields
 from orchestrator.tracking.status import NOT_STARTED, RunStatus
 
@@ -105,7 +105,7 @@ def _wait(sweep_dir: Path, jobs: list[tuple[int, Sequence[str], Any]]) -> list[J
             if index not in results and job.paths.result_pickle.exists():
                 results[index] = _result(sweep_dir, number, overrides, job)
         waiting = [index for index in range(len(jobs)) if index not in results]
-        reason = _cancelled(sweep_dir)
+        reason = cancel_reason(sweep_dir)
         if reason is not None and not cancelled_sent and waiting:
             _scancel([jobs[index][2].job_id for index in waiting])
             cancelled_sent = True
@@ -153,11 +153,6 @@ def _without_result(
     record_runless(sweep_dir / str(number), error)
     print(f"job #{number}: {error}", flush=True)
     return JobReturn(overrides=list(overrides), status=JobStatus.COMPLETED, _return_value=status.exit_code)
-
-
-def _cancelled(sweep_dir: Path) -> str | None:
-    path = sweep_dir / CANCELLED_FILE
-    return path.read_text(encoding="utf-8").strip() if path.exists() else None
 
 
 def _scancel(job_ids: list[str]) -> None:
