@@ -11,7 +11,7 @@ DTYPES = ("float32", "float64", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 MODEL_SOURCES = ("config", "pretrained")
 # The experiments `remote_worker.experiments.EXPERIMENTS` implements (kept here: this module needs no torch).
-EXPERIMENT_NAMES = ("ddtree_gdn", "probe")
+EXPERIMENT_NAMES = ("ddtree_gdn", "node_cost", "probe")
 
 
 class SpecError(ValueError):

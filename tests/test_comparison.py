@@ -7,7 +7,15 @@ import time
 import pytest
 import torch
 
-from remote_worker.decoding.comparison import Comparison, MethodTally, PromptRun, Settings, methods_for, run_prompt
+from remote_worker.decoding.comparison import (
+    Comparison,
+    Method,
+    MethodTally,
+    PromptRun,
+    Settings,
+    methods_for,
+    run_prompt,
+)
 from remote_worker.decoding.loop import DecodeResult, decode_from, prefill
 from remote_worker.models.target import TargetModel
 from tests.tiny_models import random_prompt, tiny
@@ -120,3 +128,65 @@ def test_no_exactness_metrics_when_sampling() -> None:
 def test_tally_starts_empty() -> None:
     tally = MethodTally(methods_for([])[0])
     assert tally.metrics(tally, exactness=True)["tokens_per_s"] == 0.0
+
+
+def varied_run(index: int, seconds: dict[str, list[float]], accepted: dict[str, int], tokens: int = 12) -> PromptRun:
+    """A prompt's results (one per pass) where a method accepts `accepted[scope]` drafted tokens a round."""
+    results = {}
+    for scope, times in seconds.items():
+        results[scope] = [
+            DecodeResult(list(range(tokens)), lengths(accepted.get(scope, 0)), decode_seconds=t) for t in times
+        ]
+    return PromptRun(index, [1, 2, 3], 0.5, 0.1, results)
+
+
+def lengths(accepted: int, tokens: int = 12) -> list[int]:
+    """The rounds of a decode of `tokens` that accepts `accepted` drafted tokens a round (the last one fewer)."""
+    whole, rest = divmod(tokens, accepted + 1)
+    return [accepted] * whole + ([rest - 1] if rest else [])
+
+
+# Per prompt: AR's seconds, DFlash's and DDTree's share of them, and their accepted tokens a round. The prompts
+# differ in difficulty (AR's time) and in how well they draft; the second pass is 20 % slower for every method.
+PROMPTS = ((1.0, 0.5, 0.3, 1, 3), (3.0, 0.6, 0.4, 2, 2), (0.5, 0.4, 0.25, 1, 5), (2.0, 0.55, 0.35, 3, 3))
+PASSES = (1.0, 1.2)
+
+
+def _compare(prompts: tuple[tuple[float, float, float, int, int], ...], methods: list[Method]) -> dict[str, dict]:
+    comparison = Comparison(methods, temperature=0.0, dtype=torch.float32)
+    for index, (ar, dflash, ddtree, dflash_accepted, ddtree_accepted) in enumerate(prompts):
+        share = {"ar": 1.0, "dflash": dflash, "ddtree": ddtree}
+        seconds = {m.scope: [ar * share[m.name] * p for p in PASSES] for m in methods}
+        accepted = {"dflash": dflash_accepted, "ddtree_tb8": ddtree_accepted}
+        comparison.add(varied_run(index, seconds, accepted))
+    return comparison.metrics()
+
+
+def test_tau_and_the_speedups_have_a_bootstrap_interval_over_prompts() -> None:
+    metrics = _compare(PROMPTS, methods_for([8]))
+    ar, dflash, ddtree = metrics["ar"], metrics["dflash"], metrics["ddtree_tb8"]
+    assert not any("_ci_" in key or "vs_dflash" in key for key in ar)  # AR's tau and speedup are 1 by definition
+    assert "speedup_vs_dflash" not in dflash
+    for figures, key in ((dflash, "tau"), (dflash, "speedup_vs_ar"), (ddtree, "tau"), (ddtree, "speedup_vs_ar")):
+        assert figures[f"{key}_ci_low"] < figures[key] < figures[f"{key}_ci_high"], key
+    # DDTree against DFlash: their seconds over all prompts, within each pass (equal here), then the median
+    assert ddtree["speedup_vs_dflash"] == pytest.approx(
+        sum(p[0] * p[1] for p in PROMPTS) / sum(p[0] * p[2] for p in PROMPTS)
+    )
+    assert ddtree["speedup_vs_dflash_ci_low"] < ddtree["speedup_vs_dflash"] < ddtree["speedup_vs_dflash_ci_high"]
+    # the intervals lie within the per-prompt spread: each prompt's tau, its speedup over AR and over DFlash
+    taus = [12 / len(lengths(p[4])) for p in PROMPTS]
+    assert min(taus) <= ddtree["tau_ci_low"] and ddtree["tau_ci_high"] <= max(taus)
+    over_ar, over_dflash = [1 / p[2] for p in PROMPTS], [p[1] / p[2] for p in PROMPTS]
+    assert min(over_ar) <= ddtree["speedup_vs_ar_ci_low"] and ddtree["speedup_vs_ar_ci_high"] <= max(over_ar)
+    assert min(over_dflash) <= ddtree["speedup_vs_dflash_ci_low"]
+    assert ddtree["speedup_vs_dflash_ci_high"] <= max(over_dflash)
+    assert _compare(PROMPTS, methods_for([8])) == metrics  # the same run, the same intervals
+
+
+def test_one_prompt_has_no_interval_and_without_dflash_no_ratio_to_it() -> None:
+    one = _compare(PROMPTS[:1], methods_for([8]))
+    assert not any("_ci_" in key for figures in one.values() for key in figures)  # no spread to resample
+    assert one["ddtree_tb8"]["speedup_vs_dflash"] == pytest.approx(0.5 / 0.3)
+    alone = _compare(PROMPTS, [Method("ar", "ar"), Method("ddtree_tb8", "ddtree", 8)])
+    assert "speedup_vs_dflash" not in alone["ddtree_tb8"] and "tau_ci_low" in alone["ddtree_tb8"]

@@ -86,6 +86,66 @@ def test_the_range_is_at_the_medians_precision_and_holds_it() -> None:
         assert float(spread.split("–")[0]) <= float(shown) <= float(spread.split("–")[1].rstrip(" |")), row
 
 
+def _with_intervals() -> dict[str, Any]:
+    """SUMMARY as a run of several prompts leaves it: 95 % intervals over prompts for the drafting methods, and
+    DDTree against DFlash."""
+    intervals = {
+        "dflash": {"tau_ci_low": 3.12, "tau_ci_high": 3.48,
+                   "speedup_vs_ar_ci_low": 2.05, "speedup_vs_ar_ci_high": 2.31},
+        "ddtree_tb32": {"tau_ci_low": 4.2, "tau_ci_high": 4.81,
+                        "speedup_vs_ar_ci_low": 2.31, "speedup_vs_ar_ci_high": 2.7,
+                        "speedup_vs_dflash": 1.12, "speedup_vs_dflash_ci_low": 1.05, "speedup_vs_dflash_ci_high": 1.2},
+    }  # fmt: skip
+    return {**SUMMARY, "methods": [{**m, **intervals.get(m["scope"], {})} for m in SUMMARY["methods"]]}
+
+
+def test_the_intervals_over_prompts_are_columns_of_the_table_and_the_csv() -> None:
+    rendered = summarize(_with_intervals(), "t")
+    lines = rendered.markdown.splitlines()
+    assert lines[0] == summarize(SUMMARY, "t").markdown.splitlines()[0]  # the answer's line stays short
+    header = next(line for line in lines if line.startswith("| method"))
+    assert header.startswith(
+        "| method | tau | tau 95% CI | decode tok/s | range | speedup vs AR | speedup 95% CI | vs DFlash |"
+    )
+    rows = {line.split(" | ")[0].removeprefix("| "): line for line in lines if line.startswith("| ")}
+    assert rows["ar"].startswith("| ar | 1.00 |  | 100.0 | 95.0–104.0 | ×1.00 |  |  |")  # AR: 1 by definition
+    assert rows["dflash"].startswith("| dflash | 3.40 | 3.12–3.48 | 220.0 | 210.0–230.0 | ×2.20 | ×2.05–2.31 |  |")
+    assert "| ×2.50 | ×2.31–2.70 | ×1.12 (1.05–1.20) |" in rows["ddtree_tb32"]
+    html = MarkdownIt("commonmark").enable("table").render(rendered.markdown)
+    assert "<th>vs DFlash</th>" in html and "<td>×1.12 (1.05–1.20)</td>" in html  # still one table
+    table = list(csv.DictReader(io.StringIO(rendered.csv)))
+    keys = ("tau_ci_low", "tau_ci_high", "speedup_vs_ar_ci_low", "speedup_vs_ar_ci_high", "speedup_vs_dflash",
+            "speedup_vs_dflash_ci_low", "speedup_vs_dflash_ci_high")  # fmt: skip
+    assert [table[2][k] for k in keys] == ["4.2", "4.81", "2.31", "2.7", "1.12", "1.05", "1.2"]
+    assert all(table[0][k] == "" for k in keys) and table[1]["speedup_vs_dflash"] == ""
+
+
+def test_without_intervals_no_interval_columns_and_ddtree_over_dflash_alone() -> None:
+    """One prompt: no interval (no spread to resample), but DDTree's speedup over DFlash is still a figure."""
+    one = {**SUMMARY, "methods": [{**m, "speedup_vs_dflash": 1.14} if m["method"] == "ddtree" else m
+                                  for m in SUMMARY["methods"]]}  # fmt: skip
+    markdown = summarize(one, "t").markdown
+    assert "95% CI" not in markdown and "| vs DFlash |" in markdown
+    assert "| ×2.50 | ×1.14 |" in markdown
+    assert "vs DFlash" not in summarize(SUMMARY, "t").markdown
+
+
+def test_the_job_run_and_the_terminal_carry_the_intervals() -> None:
+    methods = _with_intervals()["methods"]
+    summary = {m["scope"]: {k: v for k, v in m.items() if isinstance(v, float)} for m in methods}
+    headline, _ = headline_metrics(summary)
+    assert headline["ddtree_tb32.tau_ci_low"] == 4.2 and headline["dflash.speedup_vs_ar_ci_high"] == 2.31
+    assert (
+        headline["ddtree_tb32.speedup_vs_dflash"] == 1.12 and headline["ddtree_tb32.speedup_vs_dflash_ci_low"] == 1.05
+    )
+    assert "ar.tau_ci_low" not in headline
+    lines = _terminal_summary({scope: {**m, "repetition_share": 0.0} for scope, m in summary.items()})
+    assert lines["ddtree_tb32"].startswith(
+        "tau 4.50 (4.20–4.81) · 250.0 tok/s · ×2.50 (2.31–2.70) vs AR · ×1.12 (1.05–1.20) vs DFlash · repetition"
+    )
+    assert lines["ar"].startswith("tau 1.00 · 100.0 tok/s · ×1.00 vs AR · repetition")
+
+
 def _method(scope: str, speedup: float, low: float, high: float, repeats: int) -> dict[str, Any]:
     return {"scope": scope, "method": scope.split("_")[0], "tau": 2.0 if scope != "ar" else 1.0,
             "tokens_per_s": 100 * speedup, "speedup_vs_ar": speedup, "speedup_vs_ar_min": low,

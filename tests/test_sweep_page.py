@@ -3,6 +3,8 @@ table at 80 columns. In process, on the fake tracking store; `test_sweep.py` run
 
 from __future__ import annotations
 
+import csv
+import io
 import re
 
 import pytest
@@ -23,8 +25,10 @@ SWEPT = ["decode.block_size", "decode.temperature", "decode.max_new_tokens"]
 JOBS = ((0, 4, 1.4, 1.6), (1, 8, 1.9, 2.3), (2, 16, 0.9, 1.1))
 
 
-def _fake_sweep(repeats: int = 1) -> tuple[FakeTracking, str, str]:
-    """A finished sweep as the jobs leave it in MLflow: a parent, a run per job, a run per method."""
+def _fake_sweep(repeats: int = 1, intervals: bool = False) -> tuple[FakeTracking, str, str]:
+    """A finished sweep as the jobs leave it in MLflow: a parent, a run per job, a run per method; with
+    `intervals`, as runs of several prompts leave them: the drafting methods' 95 % intervals over prompts
+    (tau ± 0.3, speedup ± 0.1) and DDTree's speedup over DFlash."""
     client = FakeTracking()
     experiment = client.create_experiment("ddtree_gdn")
     parent = client.create_run(experiment, "sweep", {tags.ROLE: "sweep"}).info.run_id
@@ -43,6 +47,13 @@ def _fake_sweep(repeats: int = 1) -> tuple[FakeTracking, str, str]:
             run = client.create_run(experiment, scope, {tags.PARENT_RUN_ID: job_run, tags.SCOPE: scope}).info.run_id
             params = {"method": kind, "tree_budget": str(budget), "repeats": str(repeats)}
             values = {"tau": tau, "speedup_vs_ar": speedup, "tokens_per_s": 100 * speedup, "lossless": 1.0}
+            if intervals and kind != "ar":
+                values.update(tau_ci_low=tau - 0.3, tau_ci_high=tau + 0.3)
+                values.update(speedup_vs_ar_ci_low=speedup - 0.1, speedup_vs_ar_ci_high=speedup + 0.1)
+            if intervals and kind == "ddtree":
+                ratio = speedup / (1.2 + job / 10)
+                values.update(speedup_vs_dflash=ratio, speedup_vs_dflash_ci_low=ratio - 0.05)
+                values.update(speedup_vs_dflash_ci_high=ratio + 0.05)
             client.log_batch(
                 run,
                 metrics=[Metric(k, v, 0, 0) for k, v in values.items()],
@@ -114,6 +125,46 @@ def test_with_repeats_the_fastest_says_how_many_passes_and_a_slowdown_says_so() 
     summarize_sweep(client, experiment, parent, Console(width=80, record=True), {0: "", 1: "", 2: ""}, SWEPT)
     line = client.runs[parent].tags[tags.NOTE].splitlines()[2]
     assert line.endswith("×0.57 vs AR, lossless (slower than AR) · median of 3 passes"), line
+
+
+def test_the_intervals_over_prompts_are_columns_of_the_description_the_csv_and_metrics() -> None:
+    client, experiment, parent = _fake_sweep(intervals=True)
+    console = Console(width=80, record=True, color_system=None)
+    summarize_sweep(client, experiment, parent, console, {0: "", 1: "", 2: ""}, SWEPT)
+    run = client.runs[parent]
+    note = run.tags[tags.NOTE].splitlines()
+    assert note[2] == (
+        "Fastest: job #1 (block_size=8) ddtree_tb8: tau 4.50, ×2.30 (2.20–2.40) vs AR, lossless · one pass per prompt"
+    )
+    assert note[4] == (
+        "| job | status | block_size | method | tau | tau 95% CI | ×AR | ×AR 95% CI | vs DFlash | tok/s | lossless |"
+    )
+    assert note[5].count("---") == note[4].count("|") - 1
+    assert note[6] == "| 0 | FINISHED | 4 | ar | 1.00 |  | ×1.00 |  |  | 100.0 | 1.00 |"  # AR: 1 by definition
+    assert note[7] == "| 0 | FINISHED | 4 | dflash | 2.50 | 2.20–2.80 | ×1.20 | ×1.10–1.30 |  | 120.0 | 1.00 |"
+    fastest = "| 1 | FINISHED | 8 | ddtree_tb8 | 4.50 | 4.20–4.80 | ×2.30 | ×2.20–2.40 | ×1.77 (1.72–1.82) |"
+    assert note[13] == fastest + " 230.0 | 1.00 |"
+    table = list(csv.DictReader(io.StringIO(run.artifacts["sweep_summary.csv"].decode())))
+    ddtree = next(r for r in table if r["job"] == "1" and r["method"] == "ddtree_tb8")
+    assert float(ddtree["tau_ci_low"]) == pytest.approx(4.2)
+    assert float(ddtree["speedup_vs_dflash_ci_high"]) == pytest.approx(2.3 / 1.3 + 0.05)
+    assert next(r for r in table if r["method"] == "ar")["speedup_vs_ar_ci_low"] == ""
+    metrics = run.as_mlflow().data.metrics
+    assert metrics["job1.ddtree_tb8.speedup_vs_ar_ci_high"] == pytest.approx(2.4)
+    assert metrics["job2.ddtree_tb4.speedup_vs_dflash"] == pytest.approx(0.9 / 1.4)
+    assert "job0.ar.tau_ci_low" not in metrics
+    header = next(line for line in console.export_text().splitlines() if "method" in line)
+    assert "CI" not in header and "DFlash" not in header  # the terminal's table keeps to 80 columns
+
+
+def test_one_prompt_runs_show_ddtree_over_dflash_without_interval_columns() -> None:
+    client, experiment, parent = _fake_sweep(intervals=True)
+    for run in client.runs.values():  # one prompt: no intervals, DDTree's ratio to DFlash all the same
+        run.metrics = {m for m in run.metrics if "_ci_" not in m[0]}
+    summarize_sweep(client, experiment, parent, Console(width=80, record=True), {0: "", 1: "", 2: ""}, SWEPT)
+    note = client.runs[parent].tags[tags.NOTE].splitlines()
+    assert note[4] == "| job | status | block_size | method | tau | ×AR | vs DFlash | tok/s | lossless |"
+    assert note[13] == "| 1 | FINISHED | 8 | ddtree_tb8 | 4.50 | ×2.30 | ×1.77 | 230.0 | 1.00 |"
 
 
 @pytest.mark.parametrize("width", [80, 120])

@@ -122,10 +122,12 @@ def test_tied_scores_pop_in_the_papers_order() -> None:
         draft = best_first_tree(root=0, logits=logits.float(), budget=budget)
         ranks_of = {0: ()}
         paths = []
-        _, ids = torch.topk(logits.float(), k=min(budget, 4), dim=-1)
         for node in range(1, draft.tree.size):
             parent, depth = int(draft.tree.parents[node]), int(draft.tree.depths[node])
-            rank = ids[depth - 1].tolist().index(int(draft.tree.tokens[node]))
+            rank = draft.ranks[node]
+            # equal logits rank by token id: the rank-r candidate is the r-th best by (logit, id)
+            ranked = sorted(range(logits.shape[1]), key=lambda t, d=depth: (-float(logits[d - 1, t]), t))
+            assert int(draft.tree.tokens[node]) == ranked[rank]
             ranks_of[node] = (*ranks_of[parent], rank)
             paths.append(ranks_of[node])
         assert paths == reference_order(logits, budget), budget

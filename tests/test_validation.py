@@ -56,7 +56,7 @@ def test_valid_choices_and_plain_keys_pass() -> None:
         ("probe.crop_tokens=16", "probe.crop_tokens=16 must be smaller than probe.prefill_tokens=16"),
         ("decode.max_new_tokens=0", "decode.max_new_tokens=0 must be an integer >= 1"),
         ("host.workdir=relative/dir", "host.workdir='relative/dir' must be an absolute path"),
-        ("experiment.name=nope", "experiment.name='nope' is not one of: ddtree_gdn, probe"),
+        ("experiment.name=nope", "experiment.name='nope' is not one of: ddtree_gdn, node_cost, probe"),
         ("decode.tree_budgets=[16,0]", "decode.tree_budgets=[16, 0] must be a non-empty list of positive integers"),
         ("decode.block_size=1", "decode.block_size=1 must be an integer >= 2"),
         ("decode.compile=maybe", "decode.compile='maybe' must be true, false or auto"),

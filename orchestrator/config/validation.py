@@ -248,6 +248,27 @@ def _check_tree_budgets(container: dict[str, Any], budgets: list[int]) -> None:
                 raise ConfigError(problem)
 
 
+def _check_node_cost(container: dict[str, Any], launching: bool) -> None:
+    """experiment=node_cost's settings; before launch, its context and a draft block past it must fit the
+    model's context where the config says it (tree sizes the draft or the device cannot hold are left out
+    by the worker, which says so)."""
+    experiment = {"experiment": container["experiment"]}
+    context = container["experiment"].get("context")
+    if context is not None and not _positive_int(context):
+        raise ConfigError(f"experiment.context={context!r} must be null (the prompt's own length) or an integer >= 1")
+    _number(experiment, "experiment.max_size", minimum=1, integer=True)
+    if _number(experiment, "experiment.repeats", minimum=1, integer=True) > 1000:
+        raise ConfigError("experiment.repeats must be at most 1000")
+    if not launching or context is None:
+        return
+    shape = model_shape(container)
+    if shape.context is not None and shape.block_size is not None and context + shape.block_size > shape.context:
+        raise ConfigError(
+            f"experiment.context={context} and a draft block of {shape.block_size} need "
+            f"{context + shape.block_size} positions, more than model {shape.name}'s context of {shape.context}"
+        )
+
+
 def resolve_config(cfg: DictConfig) -> dict[str, Any]:
     """Resolve interpolations and check every value the orchestrator and the worker rely on."""
     try:
@@ -320,10 +341,16 @@ def resolve_config(cfg: DictConfig) -> dict[str, Any]:
         raise ConfigError("decode.repeats must be at most 1000")
     if not isinstance(_get(container, "decode.compile"), bool) and _get(container, "decode.compile") != "auto":
         raise ConfigError(f"decode.compile={_get(container, 'decode.compile')!r} must be true, false or auto")
+    if not isinstance(_get(container, "decode.node_costs"), bool):
+        raise ConfigError(f"decode.node_costs={_get(container, 'decode.node_costs')!r} must be true or false")
+    if _number(container, "decode.node_cost_repeats", minimum=1, integer=True) > 1000:
+        raise ConfigError("decode.node_cost_repeats must be at most 1000")
     _check_prompts(container["experiment"])
     launching = not any(container[k] not in (None, False) for k in ("attach", "cancel", "logs", "list"))
     if launching and container["experiment"]["name"] == "ddtree_gdn":
         _check_tree_budgets(container, budgets)
+    if container["experiment"]["name"] == "node_cost":
+        _check_node_cost(container, launching)
     if _number(container, "orchestrator.poll_interval_s", minimum=0) == 0:
         raise ConfigError("orchestrator.poll_interval_s must be > 0")
     _number(container, "orchestrator.kill_grace_s", minimum=0)

@@ -7,15 +7,28 @@ per job × method with the keys the sweep varies as their own short columns.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from orchestrator.sweep.rows import Row, short_names, varying_keys
+from orchestrator.sweep.rows import INTERVALS, Row, short_names, varying_keys
 
-# The per-method figures each job contributes to the parent's metrics: `job3.ddtree_tb32.speedup_vs_ar`.
-JOB_METRICS = ("tau", "speedup_vs_ar", "tokens_per_s", "lossless")
+# The per-method figures each job contributes to the parent's metrics: `job3.ddtree_tb32.speedup_vs_ar`, and
+# where the method has them the 95 % intervals over prompts (`job3.ddtree_tb32.tau_ci_low`, …).
+JOB_METRICS = ("tau", "speedup_vs_ar", "tokens_per_s", "lossless", *INTERVALS)
 # The figures' columns in the description and the terminal: (header, Row field, format).
 FIGURES = (("tau", "tau", "{:.2f}"), ("×AR", "speedup_vs_ar", "×{:.2f}"), ("tok/s", "tokens_per_s", "{:.1f}"),
            ("lossless", "lossless", "{:.2f}"))  # fmt: skip
+# The description's columns for the intervals over prompts and DDTree over DFlash, each after the figure it
+# belongs to (by Row field) and only where some row has it; the terminal's table keeps to its 80 columns.
+# (header, Row fields, format); a "vs DFlash" without its interval (one prompt) shows the ratio alone.
+INTERVAL_COLUMNS = {
+    "tau": (("tau 95% CI", ("tau_ci_low", "tau_ci_high"), "{:.2f}–{:.2f}"),),
+    "speedup_vs_ar": (
+        ("×AR 95% CI", ("speedup_vs_ar_ci_low", "speedup_vs_ar_ci_high"), "×{:.2f}–{:.2f}"),
+        ("vs DFlash", ("speedup_vs_dflash", "speedup_vs_dflash_ci_low", "speedup_vs_dflash_ci_high"),
+         "×{:.2f} ({:.2f}–{:.2f})"),
+    ),
+}  # fmt: skip
 
 
 def figure_cells(row: Row) -> list[str]:
@@ -23,21 +36,48 @@ def figure_cells(row: Row) -> list[str]:
     return ["" if (value := getattr(row, key)) is None else form.format(value) for _, key, form in FIGURES]
 
 
+def interval_cell(row: Row, keys: tuple[str, ...], form: str) -> str:
+    """An interval column's cell: blank where the row has none (AR, one prompt), the ratio alone for a
+    `vs DFlash` without its interval."""
+    values = [getattr(row, key) for key in keys]
+    if None not in values:
+        return form.format(*values)
+    return f"×{values[0]:.2f}" if keys[0] == "speedup_vs_dflash" and values[0] is not None else ""
+
+
+def description_columns(rows: list[Row]) -> list[tuple[str, Callable[[Row], str]]]:
+    """The description's figure columns: FIGURES, each followed by its interval columns that some row has."""
+    columns: list[tuple[str, Callable[[Row], str]]] = []
+    for index, (name, key, _) in enumerate(FIGURES):
+        columns.append((name, lambda row, index=index: figure_cells(row)[index]))
+        for header, keys, form in INTERVAL_COLUMNS.get(key, ()):
+            if any(interval_cell(row, keys, form) for row in rows):
+                columns.append((header, lambda row, keys=keys, form=form: interval_cell(row, keys, form)))
+    return columns
+
+
 @dataclass(frozen=True)
 class Fastest:
     row: Row
 
     def line(self, names: dict[str, str]) -> str:
-        """`Fastest: job #3 (block_size=8) ddtree_tb32: tau 4.53, ×2.13 vs AR, lossless · one pass per prompt`."""
+        """`Fastest: job #3 (block_size=8) ddtree_tb32: tau 4.53, ×2.13 vs AR, lossless · one pass per prompt`,
+        with the speedup's 95 % interval over prompts where the run has one: `×2.13 (1.98–2.30) vs AR`."""
         row = self.row
         where = ", ".join(f"{names.get(k, k)}={v}" for k, v in row.settings().items())
-        figures = [f"tau {row.tau:.2f}" if row.tau is not None else "", f"×{row.speedup_vs_ar:.2f} vs AR"]
+        figures = [f"tau {row.tau:.2f}" if row.tau is not None else "", f"×{row.speedup_vs_ar:.2f}{_ci(row)} vs AR"]
         if row.lossless is not None:
             figures.append("lossless" if row.lossless == 1 else f"lossless {row.lossless:.2f}")
         passes = "one pass per prompt" if (row.repeats or 1) == 1 else f"median of {row.repeats} passes"
         slower = " (slower than AR)" if row.speedup_vs_ar < 1 else ""
         job = f"job #{row.job}" + (f" ({where})" if where else "")
         return f"Fastest: {job} {row.method}: {', '.join(f for f in figures if f)}{slower} · {passes}"
+
+
+def _ci(row: Row) -> str:
+    """` (2.10–2.50)`: the speedup's 95 % interval over prompts, where the run has one."""
+    low, high = row.speedup_vs_ar_ci_low, row.speedup_vs_ar_ci_high
+    return "" if low is None or high is None else f" ({low:.2f}–{high:.2f})"
 
 
 def fastest(rows: list[Row]) -> Fastest | None:
@@ -57,11 +97,13 @@ def description(rows: list[Row], status: str) -> str:
     lines = [f"**Sweep {status}: {finished} of {jobs} jobs finished**{varies}", ""]
     best = fastest(rows)
     lines += [best.line(names) if best is not None else "No drafting method has a speedup to compare.", ""]
-    header = ["job", "status", *(names[k] for k in keys), "method", *(name for name, _, _ in FIGURES)]
+    figures = description_columns(rows)
+    header = ["job", "status", *(names[k] for k in keys), "method", *(name for name, _ in figures)]
     lines += ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for row in rows:
         settings = row.settings()
-        cells = [str(row.job), row.status, *(settings.get(k, "") for k in keys), row.method, *figure_cells(row)]
+        cells = [str(row.job), row.status, *(settings.get(k, "") for k in keys), row.method]
+        cells += [cell(row) for _, cell in figures]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     errors = [f"- job #{r.job} {r.status}: {r.error}" for r in {r.job: r for r in rows}.values() if r.error]
     if errors:

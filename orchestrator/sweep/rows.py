@@ -9,7 +9,11 @@ from mlflow.tracking import MlflowClient
 
 from orchestrator.tracking import tags as mlflow_tags
 
-METRICS = ("tau", "speedup_vs_ar", "tokens_per_s", "lossless")
+# A method run's figures a row carries; the 95 % intervals over prompts and DDTree's speedup over DFlash are
+# None where the run has none (one prompt, AR, a run from before they were logged).
+INTERVALS = ("tau_ci_low", "tau_ci_high", "speedup_vs_ar_ci_low", "speedup_vs_ar_ci_high", "speedup_vs_dflash",
+             "speedup_vs_dflash_ci_low", "speedup_vs_dflash_ci_high")  # fmt: skip
+METRICS = ("tau", "speedup_vs_ar", "tokens_per_s", "lossless", *INTERVALS)
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,13 @@ class Row:
     speedup_vs_ar: float | None = None
     tokens_per_s: float | None = None
     lossless: float | None = None
+    tau_ci_low: float | None = None
+    tau_ci_high: float | None = None
+    speedup_vs_ar_ci_low: float | None = None
+    speedup_vs_ar_ci_high: float | None = None
+    speedup_vs_dflash: float | None = None
+    speedup_vs_dflash_ci_low: float | None = None
+    speedup_vs_dflash_ci_high: float | None = None
     repeats: int | None = None  # decode passes per prompt behind the figures (their medians)
     error: str = ""
 

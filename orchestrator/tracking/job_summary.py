@@ -19,20 +19,34 @@ from typing import Any
 TOKENS_PER_S = "{:.1f}"
 RANGE = ("tokens_per_s_min", "tokens_per_s_max")
 
-# (column, metric key, format) for the table; a metric a run lacks (lossless at T > 0) is left out.
+# The 95 % bootstrap intervals over prompts (remote_worker.decoding.bootstrap): a drafting method's, with two
+# prompts or more; DDTree's speedup over DFlash, paired as every speedup over AR is.
+TAU_CI = ("tau_ci_low", "tau_ci_high")
+SPEEDUP_CI = ("speedup_vs_ar_ci_low", "speedup_vs_ar_ci_high")
+VS_DFLASH = ("speedup_vs_dflash", "speedup_vs_dflash_ci_low", "speedup_vs_dflash_ci_high")
+
+# (column, metric key, format) for the table; a column no method has (lossless at T > 0, the intervals of a
+# one-prompt run) is left out, and a cell is blank where its method lacks the figure (AR's intervals).
 COLUMNS = (
     ("tau", "tau", "{:.2f}"),
+    ("tau 95% CI", TAU_CI, "{:.2f}–{:.2f}"),
     ("decode tok/s", "tokens_per_s", TOKENS_PER_S),
     ("range", RANGE, f"{TOKENS_PER_S}–{TOKENS_PER_S}"),
     ("speedup vs AR", "speedup_vs_ar", "×{:.2f}"),
+    ("speedup 95% CI", SPEEDUP_CI, "×{:.2f}–{:.2f}"),
+    ("vs DFlash", VS_DFLASH, "×{:.2f} ({:.2f}–{:.2f})"),
     ("tpot ms", "tpot_ms", "{:.2f}"),
     ("prefill ms", "prefill_ms", "{:.1f}"),
     ("lossless", "lossless", "{:.2f}"),
     ("divergences (near tie / unexplained)", ("near_tie_divergences", "unexplained_divergences"), "{:.0f} / {:.0f}"),
     ("repetition", "repetition_share", "{:.2f}"),
 )
+# What a cell shows where its method has only some of the column's figures: DDTree over DFlash on one prompt.
+SHORTER = {VS_DFLASH: ("speedup_vs_dflash", "×{:.2f}")}
 CSV_KEYS = (
     "tau",
+    "tau_ci_low",
+    "tau_ci_high",
     "acceptance_length_mean",
     "tokens_per_s",
     "tokens_per_s_min",
@@ -40,6 +54,11 @@ CSV_KEYS = (
     "speedup_vs_ar",
     "speedup_vs_ar_min",
     "speedup_vs_ar_max",
+    "speedup_vs_ar_ci_low",
+    "speedup_vs_ar_ci_high",
+    "speedup_vs_dflash",
+    "speedup_vs_dflash_ci_low",
+    "speedup_vs_dflash_ci_high",
     "tpot_ms",
     "prefill_ms",
     "ttft_ms",
@@ -65,7 +84,7 @@ def summarize(document: dict[str, Any], title: str) -> JobSummary:
     and the Best line (how far to trust it), then the table. Its Markdown converter (showdown, GitHub
     flavour) reads a table only with a `| --- |` row under the header and a blank line before and after."""
     methods = document.get("methods") or []
-    columns = [c for c in COLUMNS if any(_has(m, c[1]) for m in methods)]
+    columns = [c for c in COLUMNS if any(_cell(m, c[1], c[2]) for m in methods)]
     if not any(_has(m, RANGE) and m[RANGE[0]] != m[RANGE[1]] for m in methods):
         columns = [c for c in columns if c[1] != RANGE]  # one pass: no spread to show ("294.7–294.7")
     lines = [answer(methods), ""]
@@ -143,6 +162,8 @@ def _has(method: dict[str, Any], key: str | tuple[str, ...]) -> bool:
 
 
 def _cell(method: dict[str, Any], key: str | tuple[str, ...], form: str) -> str:
+    if not _has(method, key) and key in SHORTER:
+        key, form = SHORTER[key]
     if not _has(method, key):
         return ""
     keys = key if isinstance(key, tuple) else (key,)

@@ -6,6 +6,11 @@ repeat 0 of every method, then repeat 1, … — so a machine that slows down mi
 alike; speedups are taken within one repeat, then the median over repeats is reported with its range.
 AR decodes first: its tokens are the reference for `lossless`, and its margins explain divergences.
 
+Tau and the speedups also get a 95 % bootstrap interval over prompts (`*_ci_low`, `*_ci_high`, see
+`remote_worker.decoding.bootstrap`): the range over repeats says how steady the timing was, the interval how
+much the figure depends on which prompts were asked. DDTree is also set against DFlash (`speedup_vs_dflash`),
+paired in the same way as every method against AR.
+
 Sampling (temperature > 0) draws from a generator seeded by the run's seed and the prompt's index, so the
 repeats of a method time the same work and no method's draws depend on which methods ran before it.
 """
@@ -19,6 +24,7 @@ from typing import Any
 
 import torch
 
+from remote_worker.decoding import bootstrap
 from remote_worker.decoding.divergence import Divergence, first_divergence
 from remote_worker.decoding.fixed_prefill import FixedPrefill
 from remote_worker.decoding.fixed_round import FixedRound
@@ -160,6 +166,12 @@ class MethodTally:
     fresh_round_tokens: list[int] = field(default_factory=list)  # tokens per round of the other rounds
     fixed: bool = False  # decoded with fixed-shape rounds (whose trees may be flagged inexact)
     inexact_trees: int = 0
+    # Per prompt, for the bootstrap over prompts: committed tokens (bonus included) and rounds of repeat 0,
+    # and per repeat the generated tokens and decode seconds (sums over prompts: repeat_tokens, repeat_seconds)
+    prompt_committed: list[int] = field(default_factory=list)
+    prompt_rounds: list[int] = field(default_factory=list)
+    prompt_tokens: list[list[int]] = field(default_factory=list)
+    prompt_seconds: list[list[float]] = field(default_factory=list)
 
     def add(self, run: PromptRun, divergence: Divergence | None) -> None:
         results = run.results[self.method.scope]
@@ -176,6 +188,10 @@ class MethodTally:
             for stage, seconds in result.stage_seconds.items():
                 self.stage_seconds[stage] = self.stage_seconds.get(stage, 0.0) + seconds
         first = results[0]
+        self.prompt_committed.append(sum(a + 1 for a in first.acceptance_lengths))
+        self.prompt_rounds.append(len(first.acceptance_lengths))
+        self.prompt_tokens.append([len(result.tokens) for result in results])
+        self.prompt_seconds.append([result.decode_seconds for result in results])
         self.fixed |= first.fixed
         self.inexact_trees += first.inexact_trees
         self.acceptance_lengths += first.acceptance_lengths
@@ -192,14 +208,43 @@ class MethodTally:
     def tokens_per_s(self) -> list[float]:
         return [t / s if s else 0.0 for t, s in zip(self.repeat_tokens, self.repeat_seconds, strict=True)]
 
-    def metrics(self, ar: MethodTally, exactness: bool) -> dict[str, float]:
+    def speedups(self, base: MethodTally) -> list[float]:
+        """Tokens/s over the base's, within each repeat (the same prompts, the same machine state)."""
+        return [r / b if b else 0.0 for r, b in zip(self.tokens_per_s(), base.tokens_per_s(), strict=True)]
+
+    def speedup_interval(self, base: MethodTally) -> bootstrap.Interval | None:
+        """The speedup's 95 % interval over prompts, paired: this method and the base on the same draws."""
+        mine, theirs = (self.prompt_tokens, self.prompt_seconds), (base.prompt_tokens, base.prompt_seconds)
+        return bootstrap.speedup_interval(*mine, *theirs)
+
+    def intervals(self, ar: MethodTally, dflash: MethodTally | None) -> dict[str, float]:
+        """`tau_ci_*` and `speedup_vs_ar_ci_*` of a drafting method, and DDTree's `speedup_vs_dflash` with its
+        interval when DFlash ran. None of them with fewer than two prompts: one prompt has no spread to
+        resample, and a zero-width interval would claim a certainty the run does not have. AR has none: its
+        tau and its speedup are 1 by definition."""
+        figures: dict[str, float] = {}
+        if not self.method.drafts:
+            return figures
+        tau = bootstrap.tau_interval(self.prompt_committed, self.prompt_rounds)
+        if tau is not None:
+            figures.update(tau_ci_low=tau.low, tau_ci_high=tau.high)
+        versus_ar = self.speedup_interval(ar)
+        if versus_ar is not None:
+            figures.update(speedup_vs_ar_ci_low=versus_ar.low, speedup_vs_ar_ci_high=versus_ar.high)
+        if self.method.name == "ddtree" and dflash is not None and dflash.repeat_tokens:
+            figures["speedup_vs_dflash"] = _spread(self.speedups(dflash))[0]
+            versus_dflash = self.speedup_interval(dflash)
+            if versus_dflash is not None:
+                figures.update(speedup_vs_dflash_ci_low=versus_dflash.low, speedup_vs_dflash_ci_high=versus_dflash.high)
+        return figures
+
+    def metrics(self, ar: MethodTally, exactness: bool, dflash: MethodTally | None = None) -> dict[str, float]:
         """The method's summary metrics (see the README's metric table). `exactness`: temperature 0, where
-        outputs are compared with AR's."""
+        outputs are compared with AR's; `dflash`: DFlash's tally, which DDTree is set against."""
         rounds = max(len(self.acceptance_lengths), 1)
-        rates, ar_rates = self.tokens_per_s(), ar.tokens_per_s()
-        speedups = [r / a if a else 0.0 for r, a in zip(rates, ar_rates, strict=True)]
+        rates = self.tokens_per_s()
         tokens_per_s, tokens_per_s_min, tokens_per_s_max = _spread(rates)
-        speedup, speedup_min, speedup_max = _spread(speedups)
+        speedup, speedup_min, speedup_max = _spread(self.speedups(ar))
         metrics = {
             "tau": sum(a + 1 for a in self.acceptance_lengths) / rounds,
             "acceptance_length_mean": sum(self.acceptance_lengths) / rounds,
@@ -209,6 +254,7 @@ class MethodTally:
             "speedup_vs_ar": speedup,
             "speedup_vs_ar_min": speedup_min,
             "speedup_vs_ar_max": speedup_max,
+            **self.intervals(ar, dflash),
             "tpot_ms": 1000 / tokens_per_s if tokens_per_s else 0.0,
             "prefill_ms": 1000 * statistics.fmean(self.prefill_seconds) if self.prefill_seconds else 0.0,
             "ttft_ms": 1000 * statistics.fmean(self.ttft_seconds) if self.ttft_seconds else 0.0,
@@ -268,4 +314,5 @@ class Comparison:
 
     def metrics(self) -> dict[str, dict[str, float]]:
         ar = self.tallies[self.methods[0].scope]
-        return {scope: tally.metrics(ar, self.exactness) for scope, tally in self.tallies.items()}
+        dflash = next((self.tallies[m.scope] for m in self.methods if m.name == "dflash"), None)
+        return {scope: tally.metrics(ar, self.exactness, dflash) for scope, tally in self.tallies.items()}

@@ -46,6 +46,8 @@ from dataclasses import dataclass
 
 import torch
 
+from remote_worker.decoding.tree_build import ranked_candidates
+
 
 @dataclass(frozen=True)
 class DeviceTree:
@@ -56,6 +58,7 @@ class DeviceTree:
     depths: torch.Tensor  # [n] long
     valid: torch.Tensor  # [n] bool, False for padding
     scores: torch.Tensor  # [n] float64 summed draft log-probability (0 at the root, -inf for padding)
+    ranks: torch.Tensor  # [n] long: a node's place among its parent's candidates (0 at the root and padding)
     exact: torch.Tensor  # [] bool: every score sum was exact, so this is the heap's tree bit for bit
 
     @property
@@ -65,10 +68,10 @@ class DeviceTree:
 
 def candidate_log_probs(logits: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The `width` best tokens per position and their log-probabilities, as `tree_build.top_candidates`
-    computes them (same dtype steps, same `topk` ties), on the logits' device: ([D, W] float64, [D, W] long)."""
+    computes them (same dtype steps, same ranking of ties), on the logits' device: ([D, W] float64, [D, W] long)."""
     if logits.dtype in (torch.bfloat16, torch.float16):
         logits = logits.float()
-    top_logits, top_ids = torch.topk(logits, k=width, dim=-1)
+    top_logits, top_ids = ranked_candidates(logits, width)
     log_probs = top_logits - torch.logsumexp(logits, dim=-1, keepdim=True)
     return log_probs.double(), top_ids
 
@@ -139,8 +142,8 @@ def device_best_first_tree(root: torch.Tensor, logits: torch.Tensor, budget: int
         ranks = parent_ranks[parent_slot].clone()
         ranks[:, depth] = slots  # a node's place among its depth's survivors orders it against its cousins
         parent_score, parent_valid, parent_ranks = score[chosen], valid.reshape(-1)[chosen], ranks
-        levels.append((parent_score, parent_valid, ranks, parent_slot, ids[depth][rank]))
-    score, valid, ranks, parent_slot, tokens = (torch.cat(parts) for parts in zip(*levels, strict=True))
+        levels.append((parent_score, parent_valid, ranks, parent_slot, ids[depth][rank], rank))
+    score, valid, ranks, parent_slot, tokens, rank = (torch.cat(parts) for parts in zip(*levels, strict=True))
     # Every survivor ranked by (score, rank path), the path compared through its ancestors' places per depth.
     order = torch.arange(score.shape[0], device=device)
     for word in reversed(_lex_words(ranks, budget)):
@@ -160,6 +163,7 @@ def device_best_first_tree(root: torch.Tensor, logits: torch.Tensor, budget: int
         depths=torch.cat([depths.new_zeros(1), depths]),
         valid=torch.cat([chosen_valid.new_ones(1), chosen_valid]),
         scores=torch.cat([score.new_zeros(1), torch.where(chosen_valid, score[order], float("-inf"))]),
+        ranks=torch.cat([rank.new_zeros(1), torch.where(chosen_valid, rank[order], 0)]),
         exact=exact,
     )
 
@@ -178,5 +182,6 @@ def device_chain(root: torch.Tensor, logits: torch.Tensor, length: int) -> Devic
         depths=torch.arange(n, device=device),
         valid=torch.ones(n, dtype=torch.bool, device=device),
         scores=torch.cat([log_probs.new_zeros(1), log_probs.cumsum(0)]),
+        ranks=torch.zeros(n, dtype=torch.long, device=device),
         exact=torch.ones((), dtype=torch.bool, device=device),
     )

@@ -86,8 +86,9 @@ def choose(logits: torch.Tensor, temperature: float, generator: torch.Generator 
 class RoundOutput:
     """What one round leaves on the device: the packed result and what the AR margins are read from."""
 
-    # [slots + 2]: the emitted tokens (the first `count` are real), `count`, and 1 when the tree's scores were
-    # rounded somewhere (`DeviceTree.exact` False: it may then differ from the host heap's at a tie)
+    # [3 * slots + 2]: the emitted tokens (the first `count` are real), the path's nodes, their ranks among
+    # their parents' candidates (`DeviceTree.ranks`), `count`, and 1 when the tree's scores were rounded
+    # somewhere (`DeviceTree.exact` False: it may then differ from the host heap's at a tie)
     packed: torch.Tensor
     logits: torch.Tensor  # [n, vocab] the target's logits at every node
     path: torch.Tensor  # [slots]
@@ -159,7 +160,7 @@ class FixedRound:
         if not self.drafting:
             one = torch.ones(1, dtype=torch.bool, device=root.device)
             zero = torch.zeros(1, dtype=torch.long, device=root.device)
-            return DeviceTree(root.reshape(1).clone(), zero - 1, zero, one, zero.double(), one[0])
+            return DeviceTree(root.reshape(1).clone(), zero - 1, zero, one, zero.double(), zero, one[0])
         assert self.drafter is not None and self.mask_embedding is not None
         root_embedding = self.target.embed(root)
         logits = self.drafter.propose_fixed(self.context, root_embedding, self.mask_embedding, self.target.head)
@@ -185,7 +186,8 @@ class FixedRound:
         emitted = targets[path]  # each accepted node's child token is the target's choice there; then the bonus
         self.root.copy_(emitted[-1])  # the path's tail repeats its last node: this is the bonus token
         inexact = (~tree.exact).long()[None]
-        return RoundOutput(torch.cat([emitted, count[None], inexact]), output.logits, path)
+        packed = torch.cat([emitted, path, tree.ranks[path], count[None], inexact])
+        return RoundOutput(packed, output.logits, path)
 
 
 def run_rounds(
@@ -197,12 +199,16 @@ def run_rounds(
     started = time.perf_counter()
     while len(result.tokens) < max_new_tokens:
         output = state.run()
-        *emitted, count, inexact = output.packed.tolist()  # the round's one device→host transfer
+        *columns, count, inexact = output.packed.tolist()  # the round's one device→host transfer
+        slots = len(columns) // 3
+        emitted, path, ranks = columns[:slots], columns[slots : 2 * slots], columns[2 * slots :]
         result.inexact_trees += inexact
         if margins:
             kept.append((output.logits[output.path].topk(2, dim=-1).values, count))
         result.tree_sizes.append(state.nodes)
         result.acceptance_lengths.append(count - 1)
+        result.accepted_nodes.append(path[1:count])
+        result.accepted_ranks.append(ranks[1:count])
         if not result.tokens:
             result.first_token_seconds = time.perf_counter() - started
         for token in emitted[:count]:

@@ -40,6 +40,11 @@ class DecodeResult:
     decode_seconds: float = 0.0  # the rounds, from the prefilled state to the last token (prefill excluded)
     first_token_seconds: float = 0.0  # from the start of decoding until the first token was known
     tree_sizes: list[int] = field(default_factory=list)
+    # Per round, the accepted path below the root: its nodes' numbers in the tree (increasing: a tree lists
+    # parents first), and each node's rank among its parent's draft candidates (0: the draft's first choice).
+    # What `budget_curve` and `acceptance_profile` read; empty lists for AR, whose tree is its root.
+    accepted_nodes: list[list[int]] = field(default_factory=list)
+    accepted_ranks: list[list[int]] = field(default_factory=list)
     # With record_margins: per emitted token, the target's (top-1, top-2) logits where it chose that token.
     margins: list[tuple[float, float]] = field(default_factory=list)
     # Fixed-shape rounds: how many trees had a rounded score sum (`device_tree`), so that they may differ from
@@ -185,7 +190,7 @@ def decode_from(
     started = time.perf_counter()
     while len(result.tokens) < max_new_tokens:
         if not drafting:
-            draft = DraftTree(tree=Tree.chain(torch.tensor([root])), children=[{}], scores=[0.0])
+            draft = DraftTree(tree=Tree.chain(torch.tensor([root])), children=[{}], scores=[0.0], ranks=[0])
         else:
             with timer.stage("draft"):
                 root_embedding = target.embed(root_on_device)
@@ -210,6 +215,8 @@ def decode_from(
             margins.append(output.logits[index].topk(2, dim=-1).values)
         result.tree_sizes.append(draft.tree.size)
         result.acceptance_lengths.append(len(path) - 1)
+        result.accepted_nodes.append(path[1:])
+        result.accepted_ranks.append([draft.ranks[node] for node in path[1:]])
         drafted = draft.tree.tokens.tolist()
         emitted = [drafted[i] for i in path[1:]] + [targets[path[-1]]]
         if not result.tokens:

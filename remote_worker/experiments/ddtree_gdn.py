@@ -229,9 +229,11 @@ ROUND_ACCEPTANCE = "round.accepted_tokens"
 # the public figures could change that.
 HEADLINE_FIRST = ("tau", "speedup_vs_ar", "tokens_per_s", "lossless")
 
-# What the job's own run shows per method (`ar.tokens_per_s`, `dflash.tau`, …), from each child's figures.
-HEADLINE = ("tau", "tokens_per_s", "speedup_vs_ar", "tpot_ms", "prefill_ms", "ttft_ms", "acceptance_length_mean",
-            "compile_s")  # fmt: skip
+# What the job's own run shows per method (`ar.tokens_per_s`, `dflash.tau`, …), from each child's figures; the
+# 95 % intervals over prompts (`ddtree_tb32.tau_ci_low`, …) only where the method has them (two prompts or more).
+HEADLINE = ("tau", "tau_ci_low", "tau_ci_high", "tokens_per_s", "speedup_vs_ar", "speedup_vs_ar_ci_low",
+            "speedup_vs_ar_ci_high", "speedup_vs_dflash", "speedup_vs_dflash_ci_low", "speedup_vs_dflash_ci_high",
+            "tpot_ms", "prefill_ms", "ttft_ms", "acceptance_length_mean", "compile_s")  # fmt: skip
 HEADLINE_AT_T0 = ("lossless", "near_tie_divergences", "unexplained_divergences")
 ONE_PASS = "one pass per prompt (decode.repeats=1): no spread to tell noise from a difference"
 
@@ -423,10 +425,18 @@ def _write_summary(
 
 def _terminal_summary(summary: dict[str, dict[str, float]], verdict: Verdict | None = None) -> dict[str, str]:
     """One line per method, then `best`: the verdict the job's page shows, so the terminal names no winner
-    the page would not."""
+    the page would not. A figure's 95 % interval over prompts follows it where the method has one."""
+
+    def _ci(metrics: dict[str, float], key: str) -> str:
+        low, high = metrics.get(f"{key}_ci_low"), metrics.get(f"{key}_ci_high")
+        return "" if low is None or high is None else f" ({low:.2f}–{high:.2f})"
+
     lines = {}
     for scope, m in summary.items():
-        text = f"tau {m['tau']:.2f} · {m['tokens_per_s']:.1f} tok/s · ×{m['speedup_vs_ar']:.2f} vs AR"
+        text = f"tau {m['tau']:.2f}{_ci(m, 'tau')} · {m['tokens_per_s']:.1f} tok/s"
+        text += f" · ×{m['speedup_vs_ar']:.2f}{_ci(m, 'speedup_vs_ar')} vs AR"
+        if "speedup_vs_dflash" in m:
+            text += f" · ×{m['speedup_vs_dflash']:.2f}{_ci(m, 'speedup_vs_dflash')} vs DFlash"
         text += f" · repetition {m['repetition_share']:.2f}"
         if "lossless" in m:
             text += f" · lossless {m['lossless']:.2f}"
