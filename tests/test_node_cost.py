@@ -78,8 +78,8 @@ def test_every_stage_has_a_figure_per_tree_size(name: str) -> None:
     assert costs.commit_depths == sorted(costs.commit_depths)
     if name == "tiny_trained":
         assert costs.commit_depths[-1] > 1  # a trained draft's tree goes deeper than one level
-    assert [done for done, _, _ in seen] == list(range(1, len(SIZES) + 2))
-    assert {total for _, total, _ in seen} == {len(SIZES) + 1}
+    assert [done for done, _, _ in seen] == list(range(1, len(SIZES) + 1))
+    assert {total for _, total, _ in seen} == {len(SIZES)}
     assert costs.round_ms(7) > costs.draft.median_ms
 
 
@@ -226,7 +226,7 @@ def test_the_experiment_reports_a_curve_per_stage_and_the_record(tmp_path: Path)
     assert params["node_cost.context"] == 24 and params["node_cost.sizes"] == "1, 2, 4, 8"
     assert params["layout.gdn_key_value_heads"] == "2/4 (r=2)"
     measure = [e.data for e in events if e.kind == "progress" and e.data["task"] == "measure"]
-    assert measure[-1]["completed"] == measure[-1]["total"] == len(SIZES) + 1
+    assert measure[-1]["completed"] == measure[-1]["total"] == len(SIZES)
     summary = end.data["summary"]
     assert set(summary) >= {"measured", "draft", "tree build", "verify", "commit", "round at budget 7"}
     assert summary["verify"].startswith("1 node ") and " → 8 nodes " in summary["verify"]

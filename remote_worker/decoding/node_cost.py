@@ -7,32 +7,28 @@ device, with their spread, so that tau(b) measured on any host predicts tokens/s
 (`NodeCosts.round_ms`).
 
 The state is the one a real decode is in: a prompt of `context` + 1 tokens prefilled with `loop.prefill`
-(`context` committed tokens, the drafter fed their target features, the last token the root), and one real
-proposal of the drafter from it, whose logits build every tree. Each stage runs the very calls of
-`decode_from`'s reference round, each call timed alone, the device synchronised before and after it (the
-`_Timer`'s rule: asynchronous work is charged to the call that queued it), after `warmup` untimed calls:
+(`context` committed tokens, the drafter fed their target features, the last token the root). For each
+tree size n, `warmup` untimed rounds and then `repeats` timed rounds run from copies of that state (copied
+untimed), each the reference round of `loop.decode_from` with its stages timed in place as the loop's
+`_Timer` times them (the device synchronised around each: asynchronous work is charged to the stage that
+queued it):
 
-- draft: the root's embedding and `drafter.propose`, then `drafter.extend` with the target features of the
-  committed path (gathered from a verify's hidden states and concatenated, as the loop does). The draft does
-  not depend on the tree, so it is one figure. The extend takes `accepted` + 1 rows (default: the block's
-  block_size - 1 accepted, the most one round can accept; its cost barely depends on the rows). Between
-  calls the drafter's context is rolled back to `context` tokens (untimed), so every call drafts there.
-- tree_build: `best_first_tree(root, logits, n - 1)` for a tree of n nodes, the top-k of the logits and the
-  host heap. A tree of one node (AR's round, budget 0) builds nothing: ~0.
+- draft: the root's embedding and `drafter.propose`, and after the commit `drafter.extend` with the
+  committed path's target features. It does not depend on the tree: one figure, over every size's rounds.
+- tree: `best_first_tree(root, logits, n - 1)`, the ranking of the candidates and the host heap. A tree of
+  one node (AR's round, budget 0) builds nothing: ~0.
 - verify: `target.verify` of that tree over the committed context with the drafter's feature layers, the
-  choice of the target's token at every node (argmax: temperature 0) and its transfer to the host. A verify
-  leaves the committed state as it is, so the same cache serves every call.
+  choice of the target's token at every node (argmax: temperature 0) and its transfer to the host.
 - commit: `cache.commit(path)` of the tree's rank-0 chain (from the root, the most likely child at each depth,
-  as deep as the tree goes: best-first pops that chain first, so it is the tree's deepest path, at most
-  block_size - 1 drafted tokens). It is the longest path a round of that tree can accept, so the most work a
-  commit of that tree does (K/V compaction and the GDN state advanced over the path): an upper-ish figure,
-  and the one a well-predicted round approaches. A commit changes the committed state, so each call commits
-  into a fresh clone of the measured cache, verified beforehand (clone and verify untimed).
+  cut at `accepted` drafted tokens, by default the block's block_size - 1: best-first pops that chain first,
+  so it is the tree's deepest path). It is the longest path a round of that tree can accept, so the most
+  work a commit of it does (K/V compaction and the GDN state advanced over the path): an upper-ish figure.
 
+Why whole rounds, not each stage called alone in a loop: measured alone, a stage finds its weights and
+inputs in the CPU's caches, where in a decode the other stages have just evicted them; on the trained tiny
+pair the isolated figures were 10–40 % below the decode's own per-stage times. In a round they match them.
 What the round does outside the four stages (walking the tree for the accepted path, emitting tokens, the
-loop's own Python) is in no stage and so not in `round_ms`. The stages are timed one after the other,
-not interleaved within a round: a figure is a stage's cost with its inputs ready, as the loop's timer
-charges it.
+loop's own Python) is in no stage and so not in `round_ms`.
 
 Nothing of the caller's prefill is changed: the measurement runs on a fork of it (`Prefill.fork`). A tree
 size the draft cannot fill (a toy vocabulary, a block of few positions: `tree_limits.distinct_nodes`) is not
@@ -53,7 +49,7 @@ import torch
 
 from remote_worker.decoding.fixed_round import choose
 from remote_worker.decoding.loop import Prefill, prefill
-from remote_worker.decoding.tree_build import DraftTree, best_first_tree, chain_tree
+from remote_worker.decoding.tree_build import DraftTree, best_first_tree
 from remote_worker.decoding.tree_limits import distinct_nodes
 from remote_worker.models.target import TargetModel
 
@@ -178,6 +174,27 @@ class NodeCosts:
         )
 
 
+def metric_steps(costs: NodeCosts, prefix: str = "node_cost") -> list[tuple[int, dict[str, float]]]:
+    """The costs as MLflow metrics by step: the draft at step 0, then per tree size (step = nodes) each
+    stage's median, fastest and slowest call and the predicted round (MLflow draws a metric's history
+    against its step: a curve per stage)."""
+
+    def stage(name: str, cost: StageCost) -> dict[str, float]:
+        return {f"{prefix}.{name}_ms": cost.median_ms, f"{prefix}.{name}_ms_low": cost.low_ms,
+                f"{prefix}.{name}_ms_high": cost.high_ms}  # fmt: skip
+
+    steps = [(0, stage("draft", costs.draft))]
+    for index, size in enumerate(costs.sizes):
+        metrics = {
+            **stage("verify", costs.verify[index]),
+            **stage("tree", costs.tree[index]),
+            **stage("commit", costs.commit[index]),
+            f"{prefix}.round_ms": costs.round_ms(size - 1),
+        }
+        steps.append((size, metrics))
+    return steps
+
+
 def node_cost_sizes(largest_budget: int, cap: int = 256) -> list[int]:
     """The tree sizes (nodes, root included) to measure for budgets up to `largest_budget`: 1, 2, 4, … up to
     the smallest power of two that holds `largest_budget` + 1 nodes, so `round_ms` answers every budget up to
@@ -205,25 +222,48 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _time(
-    device: torch.device,
-    call: Callable[[], object],
-    repeats: int,
-    warmup: int,
-    prepare: Callable[[], object] | None = None,
-) -> StageCost:
-    """`warmup` untimed calls, then `repeats` timed ones; `prepare` runs before each, untimed."""
-    samples = []
-    for attempt in range(warmup + repeats):
-        if prepare is not None:
-            prepare()
+def _round(
+    target: TargetModel,
+    drafter: Any,
+    cache: Any,
+    context: Any,
+    root: int,
+    mask_embedding: torch.Tensor,
+    nodes: int,
+    path: list[int],
+) -> dict[str, float]:
+    """One round from copies of the measured state (copied untimed), each stage timed in place as
+    `loop.decode_from` times it (the device synchronised around it), in milliseconds: the draft (propose, and
+    the extend with the committed path's features), the tree of `nodes` nodes, its verify with the target's
+    choice read to the host, and the commit of `path`."""
+    device = target.device
+    cache, context = cache.clone(), context.clone()
+    feature_layers = drafter.feature_layers
+    timings: dict[str, float] = {}
+
+    def timed(stage: str, call: Callable[[], Any]) -> Any:
         _sync(device)
         started = time.perf_counter()
-        call()
+        value = call()
         _sync(device)
-        if attempt >= warmup:
-            samples.append(1000 * (time.perf_counter() - started))
-    return StageCost.of(samples)
+        timings[stage] = timings.get(stage, 0.0) + 1000 * (time.perf_counter() - started)
+        return value
+
+    root_on_device = torch.tensor(root, device=device)
+    logits = timed("draft", lambda: drafter.propose(context, target.embed(root_on_device), mask_embedding, target.head))
+    draft = timed("tree", lambda: best_first_tree(root, logits, nodes - 1))
+
+    def verify() -> Any:
+        output = target.verify(cache, draft.tree, feature_layers)
+        choose(output.logits, 0.0, None).tolist()
+        return output
+
+    output = timed("verify", verify)
+    index = timed("commit", lambda: cache.commit(path))
+    if feature_layers:
+        features = [output.hidden[i] for i in feature_layers]
+        timed("draft", lambda: drafter.extend(context, torch.cat([h[index] for h in features], dim=-1)))
+    return timings
 
 
 def rank0_chain(draft: DraftTree) -> list[int]:
@@ -265,7 +305,7 @@ def measure_from(
     accepted: int | None = None,
 ) -> NodeCosts:
     """The stage costs (see the module) at the state of `start` (a prefill that fed the drafter), which stays
-    as it is. `progress(done, total, what)` after the draft and after each tree size."""
+    as it is. `progress(done, total, what)` after each tree size."""
     sizes = _check_sizes(list(sizes))
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats={repeats} must be >= 1 and warmup={warmup} >= 0")
@@ -276,36 +316,18 @@ def measure_from(
     if not 0 <= accepted <= positions:
         raise ValueError(f"accepted={accepted} must be between 0 and the block's {positions} drafted positions")
     device, vocab = target.device, target.head.out_features
-    total = len(sizes) + 1
-    cache, draft_context = start.fork()
-    context = cache.length
+    total = len(sizes)
+    base_cache, base_context = start.fork()
+    context = base_cache.length
     room = context + max(sizes[-1], drafter.block_size) + 1
-    cache.reserve(room)  # nothing grows inside a timed call (the clones a commit takes keep this capacity)
-    draft_context.reserve(room)
+    base_cache.reserve(room)  # nothing grows inside a timed call (the clones of each round keep this capacity)
+    base_context.reserve(room)
     target.reserve_positions(room)
-    feature_layers = drafter.feature_layers
     root = torch.tensor(start.root, device=device)
     mask_embedding = target.embed(torch.tensor(drafter.mask_token_id, device=device))
-    logits = drafter.propose(draft_context, target.embed(root), mask_embedding, target.head)
+    logits = drafter.propose(base_context.clone(), target.embed(root), mask_embedding, target.head)
 
-    # The committed path's features, as a verify of that path leaves them for the extend.
-    chain = chain_tree(start.root, logits, accepted)
-    hidden = target.verify(cache, chain.tree, feature_layers).hidden
-    index = torch.arange(chain.tree.size, device=device)
-
-    def draft_call() -> None:
-        drafter.propose(draft_context, target.embed(root), mask_embedding, target.head)
-        if feature_layers:
-            drafter.extend(draft_context, torch.cat([hidden[i][index] for i in feature_layers], dim=-1))
-
-    def roll_back() -> None:
-        draft_context.length = context
-
-    draft = _time(device, draft_call, repeats, warmup, roll_back)
-    roll_back()
-    if progress is not None:
-        progress(1, total, f"draft {draft.median_ms:.3g} ms")
-
+    draft_ms: list[float] = []
     tree: list[StageCost] = []
     verify: list[StageCost] = []
     commit: list[StageCost] = []
@@ -313,10 +335,10 @@ def measure_from(
     measured: list[int] = []
     unmeasured: list[int] = []
     note = ""
-    for position, nodes in enumerate(sizes, start=2):
+    for position, nodes in enumerate(sizes, start=1):
         built = best_first_tree(start.root, logits, nodes - 1)
         if built.tree.size < nodes:
-            unmeasured = sizes[position - 2 :]
+            unmeasured = sizes[position - 1 :]
             offered = distinct_nodes(positions, vocab)
             note = (
                 f"a tree of {nodes} nodes needs {nodes - 1} below its root; a draft block of {drafter.block_size} "
@@ -324,22 +346,17 @@ def measure_from(
                 f"over a vocabulary of {vocab})"
             )
             break
-        path = rank0_chain(built)
-        tree.append(_time(device, lambda n=nodes: best_first_tree(start.root, logits, n - 1), repeats, warmup))
-
-        def verify_call(draft_tree: DraftTree = built) -> None:
-            output = target.verify(cache, draft_tree.tree, feature_layers)
-            choose(output.logits, 0.0, None).tolist()
-
-        verify.append(_time(device, verify_call, repeats, warmup))
-        fresh: list[Any] = []
-
-        def verified_clone(draft_tree: DraftTree = built, fresh: list[Any] = fresh) -> None:
-            fresh[:] = [cache.clone()]
-            target.verify(fresh[0], draft_tree.tree, feature_layers)
-
-        commit.append(_time(device, lambda p=path, fresh=fresh: fresh[0].commit(p), repeats, warmup, verified_clone))
-        fresh.clear()
+        path = rank0_chain(built)[: accepted + 1]
+        samples: dict[str, list[float]] = {stage: [] for stage in ("draft", "tree", "verify", "commit")}
+        for attempt in range(warmup + repeats):
+            timings = _round(target, drafter, base_cache, base_context, start.root, mask_embedding, nodes, path)
+            if attempt >= warmup:
+                for stage, ms in timings.items():
+                    samples[stage].append(ms)
+        draft_ms += samples["draft"]
+        tree.append(StageCost.of(samples["tree"]))
+        verify.append(StageCost.of(samples["verify"]))
+        commit.append(StageCost.of(samples["commit"]))
         depths.append(len(path) - 1)
         measured.append(nodes)
         if progress is not None:
@@ -353,7 +370,7 @@ def measure_from(
         context=context,
         repeats=repeats,
         device=str(device),
-        draft=draft,
+        draft=StageCost.of(draft_ms),
         tree=tree,
         verify=verify,
         commit=commit,

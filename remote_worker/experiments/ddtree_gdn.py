@@ -22,9 +22,13 @@ from typing import Any
 import torch
 
 from remote_worker import stop_signal
+from remote_worker.decoding.acceptance_profile import AcceptanceProfile
+from remote_worker.decoding.budget_choice import Measured, Prediction, predict
+from remote_worker.decoding.budget_curve import BudgetCurve, compare, curve_record
 from remote_worker.decoding.comparison import Comparison, Method, PromptRun, Settings, methods_for, run_prompt
 from remote_worker.decoding.compiled import CompiledRounds, compile_rounds, wanted
 from remote_worker.decoding.divergence import Divergence
+from remote_worker.decoding.node_cost import NodeCosts, measure_node_costs, metric_steps, node_cost_sizes
 from remote_worker.decoding.tree_limits import beyond_draft
 from remote_worker.decoding.tree_memory import budget_problem, free_bytes
 from remote_worker.events import EventLog
@@ -118,11 +122,14 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     passes = f" × {settings.repeats} repeats" if settings.repeats > 1 else ""
     log.progress("setup", 2, 2, f"{len(prompts)} prompts × {len(methods)} methods{passes}")
     compiled = _compiled_rounds(spec, log, target, drafter, methods, encoded, settings)
+    node_costs = _node_costs(spec, log, target, drafter, encoded, settings, budgets)
     context = _job_context(spec, target, prompts)
     for method in methods:
         params = {**context, **_method_params(method, drafter.block_size, settings, len(prompts), compiled is not None)}
         log.emit("params", params, scope=method.scope)
     comparison = Comparison(methods, settings.temperature, target.dtype)
+    profiles = {m.scope: AcceptanceProfile() for m in methods if m.drafts}
+    curves = {m.scope: BudgetCurve(m.budget) for m in methods if m.name == "ddtree"}
     total = len(prompts) * len(methods) * settings.repeats
     with (spec.run_dir / GENERATIONS_FILE).open("w", encoding="utf-8") as generations:
         for index, (prompt, ids) in enumerate(zip(prompts, encoded, strict=True)):
@@ -138,6 +145,10 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
             rounds, prefiller = (compiled.rounds, compiled.prefiller) if compiled is not None else (None, None)
             run = run_prompt(target, drafter, ids, methods, settings, index, announce, rounds, prefiller)
             divergences = comparison.add(run)
+            for scope, profile in profiles.items():
+                profile.add(run.first(scope).accepted_ranks)
+            for scope, curve in curves.items():
+                curve.add(run.first(scope).accepted_nodes)
             row = _generation_row(prompt, run, methods, divergences, tokenizer, comparison.exactness)
             generations.write(json.dumps(row, ensure_ascii=False) + "\n")
             generations.flush()
@@ -163,14 +174,107 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
         log.emit("metrics", costs, step=0)
     for scope, metrics in summary.items():
         log.emit("metrics", _headline_first(metrics), scope=scope, step=0)
+    curve = _budget_curve(log, methods, curves, summary)
+    prediction = _predict(log, methods, curve, node_costs, summary, compiled is not None)
     for scope, tally in comparison.tallies.items():
         _emit_rounds(log, scope, tally.acceptance_lengths)
     if verdict is not None:
         log.emit("tags", _best_tags(verdict, methods))
-    _write_summary(spec, methods, summary, comparison, str(target.device), drafter.block_size, verdict)
+    extras = {
+        "budget_curve": curve,
+        "node_costs": node_costs.as_record() if node_costs is not None else None,
+        "prediction": prediction.as_record() if prediction is not None else None,
+        "acceptance_profiles": {scope: profile.as_record() for scope, profile in profiles.items()},
+    }
+    _write_summary(spec, methods, summary, comparison, str(target.device), drafter.block_size, verdict, extras)
     log.emit("artifact", {"path": SUMMARY_FILE})
     log.emit("artifact", {"path": GENERATIONS_FILE})
-    return _terminal_summary(summary, verdict)
+    lines = _terminal_summary(summary, verdict)
+    if prediction is not None:
+        lines["budget"] = prediction.line()
+    return lines
+
+
+def _node_costs(
+    spec: Spec,
+    log: EventLog,
+    target: TargetModel,
+    drafter: Any,
+    encoded: list[torch.Tensor],
+    settings: Settings,
+    budgets: list[int],
+) -> NodeCosts | None:
+    """`decode.node_costs`: the round's stages against tree size (`decoding.node_cost`), up to the largest
+    budget's tree, measured before any decode and after the warm-up. The context is where an average round
+    of this run verifies: the mean prompt and half the new tokens. Logged on the job's run as curves
+    (`node_cost.verify_ms` …, step = tree size); None when off."""
+    if not spec.decode.get("node_costs", True):
+        return None
+    largest = max(budgets)
+    sizes = node_cost_sizes(largest, cap=largest + 1)  # 1, 2, 4, …, and the largest budget's tree itself
+    repeats = int(spec.decode.get("node_cost_repeats", 5))
+    context = round(statistics.fmean(len(ids) for ids in encoded)) - 1 + settings.max_new_tokens // 2
+
+    def progress(done: int, total: int, what: str) -> None:
+        stop_signal.check()
+        log.progress("node costs", done, total, what)
+
+    log.progress("node costs", 0, len(sizes), f"{len(sizes)} tree sizes × {repeats} repeats at {context} tokens")
+    costs = measure_node_costs(target, drafter, encoded[0], context, sizes, repeats, progress)
+    if costs.unmeasured:
+        LOG.warning("node costs: tree sizes %s not measured: %s", costs.unmeasured, costs.note)
+    for step, metrics in metric_steps(costs):
+        log.emit("metrics", metrics, step=step)
+    return costs
+
+
+def _budget_curve(
+    log: EventLog, methods: list[Method], curves: dict[str, BudgetCurve], summary: dict[str, dict[str, float]]
+) -> dict[str, Any] | None:
+    """tau at every budget from the largest budget's decode (`budget_curve`), checked against the run's real
+    decodes at the other budgets: `tau_at_budget` (step = budget) on the job's run, and the checks' error
+    (`tau_at_budget_error`, estimate − measured, step = budget). None without a DDTree method."""
+    trees = [m for m in methods if m.name == "ddtree"]
+    if not trees:
+        return None
+    largest = max(trees, key=lambda m: m.budget)
+    curve = curves[largest.scope]
+    checks = compare(curve, {m.budget: summary[m.scope]["tau"] for m in trees if m is not largest})
+    for budget, tau in enumerate(curve.tau(), start=1):
+        log.emit("metrics", {"tau_at_budget": tau}, step=budget)
+    for check in checks:
+        log.emit("metrics", {"tau_at_budget_error": check.error}, step=check.budget)
+    return curve_record(largest.scope, curve, checks)
+
+
+def _predict(
+    log: EventLog,
+    methods: list[Method],
+    curve: dict[str, Any] | None,
+    costs: NodeCosts | None,
+    summary: dict[str, dict[str, float]],
+    compiled: bool,
+) -> Prediction | None:
+    """tokens/s predicted at every budget (`budget_choice`): `predicted_tokens_per_s` (step = budget) and
+    `best.predicted_budget`, `best.predicted_speedup_vs_ar` on the job's run. None without both a curve and
+    the node costs."""
+    if curve is None or costs is None:
+        return None
+    measured = [
+        Measured(m.budget, summary[m.scope]["tokens_per_s"], summary[m.scope]["speedup_vs_ar"])
+        for m in methods
+        if m.name == "ddtree"
+    ]
+    prediction = predict(curve["tau"], costs, measured, compiled)
+    for budget, speed in zip(prediction.budgets, prediction.tokens_per_s, strict=True):
+        log.emit("metrics", {"predicted_tokens_per_s": speed}, step=budget)
+    best = {
+        "best.predicted_budget": float(prediction.best_budget),
+        "best.predicted_speedup_vs_ar": prediction.best_speedup_vs_ar,
+        "best.predicted_tokens_per_s": prediction.best_tokens_per_s,
+    }
+    log.emit("metrics", best, step=0)
+    return prediction
 
 
 def _check_budgets(target: TargetModel, block_size: int, budgets: list[int], context: int) -> None:
@@ -408,7 +512,10 @@ def _write_summary(
     device: str,
     block_size: int,
     verdict: Verdict | None,
+    extras: dict[str, Any],
 ) -> None:
+    """`decode_summary.json`: what the orchestrator's table and plots read. `extras`: the budget curve, the
+    node costs, the prediction and the acceptance profiles (each null where the run has none)."""
     document = {
         "model": spec.model.name,
         "dtype": str(comparison.dtype).removeprefix("torch."),
@@ -419,6 +526,7 @@ def _write_summary(
         "methods": [{"scope": m.scope, "method": m.name, "tree_budget": m.budget, **summary[m.scope]} for m in methods],
         "acceptance_lengths": {scope: t.acceptance_lengths for scope, t in comparison.tallies.items()},
         "best": best_record(verdict),
+        **extras,
     }
     (spec.run_dir / SUMMARY_FILE).write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
 

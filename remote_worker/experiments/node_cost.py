@@ -14,7 +14,14 @@ import json
 import logging
 
 from remote_worker import stop_signal
-from remote_worker.decoding.node_cost import SPREAD, NodeCosts, StageCost, measure_node_costs, node_cost_sizes
+from remote_worker.decoding.node_cost import (
+    SPREAD,
+    NodeCosts,
+    StageCost,
+    measure_node_costs,
+    metric_steps,
+    node_cost_sizes,
+)
 from remote_worker.decoding.tree_memory import budget_problem, free_bytes
 from remote_worker.events import EventLog
 from remote_worker.experiments.ddtree_gdn import prompt_source
@@ -27,7 +34,6 @@ from remote_worker.spec import Spec
 
 LOG = logging.getLogger(__name__)
 NODE_COSTS_FILE = "node_costs.json"
-PREFIX = "node_cost"
 DEFAULTS = {"context": 256, "max_size": 256, "repeats": 10}
 
 
@@ -52,14 +58,14 @@ def run_node_cost(spec: Spec, log: EventLog) -> dict[str, str]:
     log.emit(
         "params",
         {
-            f"{PREFIX}.context": context,
-            f"{PREFIX}.repeats": repeats,
-            f"{PREFIX}.device": str(target.device),
-            f"{PREFIX}.dtype": str(target.dtype).removeprefix("torch."),
-            f"{PREFIX}.sizes": ", ".join(map(str, sizes)),
-            f"{PREFIX}.block_size": drafter.block_size,
-            f"{PREFIX}.prompt": prompt.id,
-            f"{PREFIX}.spread": SPREAD,
+            "node_cost.context": context,
+            "node_cost.repeats": repeats,
+            "node_cost.device": str(target.device),
+            "node_cost.dtype": str(target.dtype).removeprefix("torch."),
+            "node_cost.sizes": ", ".join(map(str, sizes)),
+            "node_cost.block_size": drafter.block_size,
+            "node_cost.prompt": prompt.id,
+            "node_cost.spread": SPREAD,
         },
     )
     log.progress("setup", 2, 2, f"{context} tokens of context, {len(sizes)} tree sizes × {repeats} repeats")
@@ -68,12 +74,13 @@ def run_node_cost(spec: Spec, log: EventLog) -> dict[str, str]:
         stop_signal.check()
         log.progress("measure", done, total, what)
 
-    log.progress("measure", 0, len(sizes) + 1, f"prefilling {context} tokens")
+    log.progress("measure", 0, len(sizes), f"prefilling {context} tokens")
     costs = measure_node_costs(target, drafter, ids, context, sizes, repeats, progress)
     if costs.unmeasured:
         LOG.warning("node_cost: tree sizes %s not measured: %s", costs.unmeasured, costs.note)
-        log.emit("params", {f"{PREFIX}.unmeasured": ", ".join(map(str, costs.unmeasured))})
-    _emit_metrics(log, costs)
+        log.emit("params", {"node_cost.unmeasured": ", ".join(map(str, costs.unmeasured))})
+    for step, metrics in metric_steps(costs):
+        log.emit("metrics", metrics, step=step)
     # The record (`NodeCosts.from_record` reads it back), with what it was measured on.
     document = {"model": spec.model.name, "dtype": str(target.dtype).removeprefix("torch."), **costs.as_record()}
     (spec.run_dir / NODE_COSTS_FILE).write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
@@ -101,28 +108,6 @@ def _sizes_that_fit(target: TargetModel, sizes: list[int], context: int, block_s
             ", ".join(str(n) for n in sizes if n not in fitting), target.device, context, fitting[-1],
         )  # fmt: skip
     return fitting
-
-
-def _stage_metrics(name: str, cost: StageCost) -> dict[str, float]:
-    return {
-        f"{PREFIX}.{name}_ms": cost.median_ms,
-        f"{PREFIX}.{name}_ms_low": cost.low_ms,
-        f"{PREFIX}.{name}_ms_high": cost.high_ms,
-    }
-
-
-def _emit_metrics(log: EventLog, costs: NodeCosts) -> None:
-    """The draft at step 0, then every size's stages and predicted round at step = tree size (MLflow draws a
-    metric's history against its step: a curve per stage)."""
-    log.emit("metrics", _stage_metrics("draft", costs.draft), step=0)
-    for index, size in enumerate(costs.sizes):
-        metrics = {
-            **_stage_metrics("verify", costs.verify[index]),
-            **_stage_metrics("tree", costs.tree[index]),
-            **_stage_metrics("commit", costs.commit[index]),
-            f"{PREFIX}.round_ms": costs.round_ms(size - 1),
-        }
-        log.emit("metrics", metrics, step=size)
 
 
 def terminal_summary(costs: NodeCosts) -> dict[str, str]:
