@@ -433,7 +433,10 @@ def _describe(job: Job, summary: Path, tmp: Path) -> None:
     rendered = summarize(document, title)
     with outages_named():
         job.client.set_tag(job.state.run_id, tags.NOTE, rendered.markdown)
-    for name, text in (("summary.md", rendered.markdown), ("summary.csv", rendered.csv)):
+    files = [("summary.md", rendered.markdown), ("summary.csv", rendered.csv)]
+    if rendered.budget_csv is not None:
+        files.append(("budget_curve.csv", rendered.budget_csv))
+    for name, text in files:
         (tmp / name).write_text(text, encoding="utf-8")
         _log_file(job, tmp / name)
     generations = tmp / GENERATIONS_FILE

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator.tracking.budget_table import budget_csv, budget_markdown
+
 # The range beside the median tokens/s is printed at the median's own precision: rounding to one format keeps
 # order, so the median shown always lies inside it (rounded to whole numbers, 8.55–9.2 read "9–9" beside 8.6).
 TOKENS_PER_S = "{:.1f}"
@@ -75,6 +77,7 @@ CSV_KEYS = (
 class JobSummary:
     markdown: str
     csv: str
+    budget_csv: str | None = None  # every budget's tau and predicted tokens/s (`budget_table`); None: no curve
 
 
 def summarize(document: dict[str, Any], title: str) -> JobSummary:
@@ -96,12 +99,15 @@ def summarize(document: dict[str, Any], title: str) -> JobSummary:
     for method in methods:
         cells = [_cell(method, key, form) for _name, key, form in columns]
         lines.append(f"| {method.get('scope', '?')} | " + " | ".join(cells) + " |")
+    section = budget_markdown(document)
+    if section:
+        lines += ["", *section]
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow(["method", "tree_budget", *CSV_KEYS])
     for method in methods:
         writer.writerow([method.get("scope"), method.get("tree_budget"), *(method.get(k, "") for k in CSV_KEYS)])
-    return JobSummary("\n".join(lines) + "\n", buffer.getvalue())
+    return JobSummary("\n".join(lines) + "\n", buffer.getvalue(), budget_csv(document))
 
 
 def answer(methods: list[dict[str, Any]]) -> str:

@@ -65,7 +65,112 @@ def plot_decode_summary(summary_file: Path, out_dir: Path) -> list[Path]:
     axis.legend(fontsize="small")
     fig.tight_layout()
     figures.append(save_figure(fig, out_dir / "acceptance_length_hist.png"))
+    if summary.get("budget_curve"):
+        figures.append(plot_budget_curve(summary, out_dir / "budget_curve.png"))
+    if any((p or {}).get("rounds") for p in (summary.get("acceptance_profiles") or {}).values()):
+        figures.append(plot_acceptance_profiles(summary, out_dir / "acceptance_depth_rank.png"))
     return figures
+
+
+def plot_budget_curve(summary: dict, path: Path) -> Path:
+    """Left: tau at every budget, estimated from the largest budget's decode, with the tau each real decode
+    measured (its 95 % interval over prompts where it has one). Right, where the run measured its node costs:
+    tokens/s predicted at every budget beside the measured tokens/s, AR and DFlash as reference lines, the
+    predicted best budget marked."""
+    curve = summary["budget_curve"]
+    prediction = summary.get("prediction")
+    trees = sorted((m for m in summary["methods"] if m["method"] == "ddtree"), key=lambda m: m["tree_budget"])
+    reference = {m["method"]: m for m in summary["methods"] if m["method"] in ("ar", "dflash")}
+    budgets = list(range(1, len(curve["tau"]) + 1))
+    panels = 2 if prediction else 1
+    fig, axes = plt.subplots(1, panels, figsize=(5.8 * panels, 4.4), squeeze=False)
+    axis = axes[0][0]
+    axis.plot(budgets, curve["tau"], "-", label=f"estimated from {method_label(curve['scope'])}'s rounds")
+    _measured_points(axis, trees, "tau", "measured")
+    if "dflash" in reference:
+        axis.axhline(reference["dflash"]["tau"], linestyle="--", color="tab:orange", label="DFlash")
+    ticks = sorted({*(2**k for k in range(len(budgets).bit_length()) if 2**k <= budgets[-1]), budgets[-1]})
+    budget_axis(axis, sorted({*ticks, *(m["tree_budget"] for m in trees)}))
+    axis.set_ylabel("tau (tokens per round)")
+    axis.set_title(f"tau at every budget, from {curve['rounds']} rounds", fontsize="small")
+    axis.legend(fontsize="small", loc="lower right")
+    if prediction:
+        axis = axes[0][1]
+        axis.plot(prediction["budgets"], prediction["tokens_per_s"], "-", label="predicted (tau / node costs)")
+        _measured_points(axis, trees, "tokens_per_s", "measured")
+        best = prediction["best_budget"]
+        axis.plot([best], [prediction["best_tokens_per_s"]], "*", markersize=13, color="tab:red",
+                  label=f"predicted best: {best} (×{prediction['best_speedup_vs_ar']:.2f} vs AR)")  # fmt: skip
+        if "ar" in reference:
+            axis.axhline(reference["ar"]["tokens_per_s"], linestyle=":", color="grey", label="AR, measured")
+        axis.axhline(prediction["ar_tokens_per_s"], linestyle=":", color="black", alpha=0.5, label="AR, predicted")
+        if "dflash" in reference:
+            dflash = reference["dflash"]["tokens_per_s"]
+            axis.axhline(dflash, linestyle="--", color="tab:orange", label="DFlash, measured")
+        budget_axis(axis, sorted({*ticks, *(m["tree_budget"] for m in trees)}))
+        axis.set_ylabel("decode tokens/s")
+        title = "tokens/s against budget on this host"
+        if prediction.get("compiled"):
+            title += " (eager costs; the run decoded compiled rounds)"
+        axis.set_title(title, fontsize="small")
+        axis.legend(fontsize="small", loc="best")
+    fig.suptitle(f"DDTree budgets · {_context(summary)}", fontsize="medium")
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def _measured_points(axis: plt.Axes, trees: list[dict], key: str, label: str) -> None:
+    """The real decodes' figures at their budgets, with their 95 % interval over prompts where they have one."""
+    if not trees:
+        return
+    budgets, values = [m["tree_budget"] for m in trees], [m[key] for m in trees]
+    low, high = f"{key}_ci_low", f"{key}_ci_high"
+    if all(low in m and high in m for m in trees):
+        errors = [[m[key] - m[low] for m in trees], [m[high] - m[key] for m in trees]]
+        axis.errorbar(budgets, values, yerr=errors, fmt="o", capsize=3, color="tab:green",
+                      label=f"{label} (95 % interval over prompts)")  # fmt: skip
+    else:
+        axis.plot(budgets, values, "o", color="tab:green", label=label)
+
+
+# Ranks past this are summed into the last column of the heatmap ("≥ 8"): the draft's later choices are rare.
+HEATMAP_RANKS = 8
+
+
+def plot_acceptance_profiles(summary: dict, path: Path) -> Path:
+    """Per drafting method, a depth × rank heatmap: the share of rounds whose accepted path took the draft's
+    rank-r candidate at depth d, written in every cell of 1 % or more. A row sums to the share of rounds that
+    reach that depth (beside the depth). Mass in rank 0 fading with depth asks for a deeper tree; mass past
+    rank 0, a wider one. The colour scale is a square root, so the small shares past rank 0 show."""
+    from matplotlib.colors import PowerNorm
+
+    profiles = {scope: p for scope, p in summary["acceptance_profiles"].items() if p.get("rounds")}
+    depth = max(len(p["counts"]) for p in profiles.values())
+    width = 3.9 * len(profiles) + 1.2
+    fig, axes = plt.subplots(1, len(profiles), figsize=(width, 0.42 * depth + 2.0), squeeze=False, layout="constrained")
+    image = None
+    for axis, (scope, profile) in zip(axes[0], profiles.items(), strict=True):
+        grid = [[0.0] * HEATMAP_RANKS for _ in range(depth)]
+        for d, row in enumerate(profile["counts"]):
+            for rank, count in enumerate(row):
+                grid[d][min(rank, HEATMAP_RANKS - 1)] += count / profile["rounds"]
+        image = axis.imshow(grid, cmap="viridis", norm=PowerNorm(0.5, vmin=0, vmax=1), aspect="auto")
+        for d, row in enumerate(grid):
+            for rank, share in enumerate(row):
+                if share >= 0.01:
+                    colour = "black" if share > 0.3 else "white"
+                    axis.text(rank, d, f"{100 * share:.0f}", ha="center", va="center", fontsize=6, color=colour)
+        reach = list(profile.get("reach") or [])
+        reach += [0.0] * (depth - len(reach))
+        axis.set_xticks(range(HEATMAP_RANKS), [*map(str, range(HEATMAP_RANKS - 1)), f"≥{HEATMAP_RANKS - 1}"])
+        axis.set_yticks(range(depth), [f"{d + 1} · {share:.0%}" for d, share in enumerate(reach)])
+        axis.set_xlabel("draft's rank of the accepted token")
+        axis.set_title(f"{method_label(scope)} · {profile['rounds']} rounds", fontsize="small")
+    axes[0][0].set_ylabel("depth · share of rounds reaching it")
+    if image is not None:
+        fig.colorbar(image, ax=axes[0].tolist(), label="share of rounds (%, in the cells)", fraction=0.03)
+    fig.suptitle(f"Where acceptance comes from · {_context(summary)}", fontsize="medium")
+    return save_figure(fig, path)
 
 
 def _context(summary: dict) -> str:

@@ -49,7 +49,8 @@ class Prediction:
         return max(self.measured, key=lambda m: m.speedup_vs_ar, default=None)
 
     def as_record(self) -> dict[str, Any]:
-        return {**asdict(self), "at_edge": self.at_edge}
+        """For `decode_summary.json`: the figures, and the terminal's line, which the job's page repeats."""
+        return {**asdict(self), "at_edge": self.at_edge, "line": self.line()}
 
     def line(self) -> str:
         """The terminal's line: `on this host, budget 48 is predicted fastest: ×3.9 vs AR (measured at 32:

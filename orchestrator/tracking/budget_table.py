@@ -1,0 +1,79 @@
+"""The budget section of a job's page: tau at every budget from one decode (`budget_curve` in
+`decode_summary.json`), the tokens/s the host's node costs predict (`prediction`), and the real decodes beside
+them, as a Markdown table for the description and a CSV with every budget.
+
+The table keeps the columns a reader scans (powers of two, the budgets the run decoded, the predicted best);
+the CSV holds every budget from 1 to the largest.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import Any
+
+CSV_HEADER = ("budget", "tau_estimate", "tau_measured", "tau_error", "predicted_tokens_per_s", "tokens_per_s")
+
+
+def _rows(document: dict[str, Any]) -> list[dict[str, float | int | None]]:
+    curve = document["budget_curve"]
+    prediction = document.get("prediction") or {}
+    measured = {m["tree_budget"]: m for m in document.get("methods") or [] if m.get("method") == "ddtree"}
+    predicted = dict(zip(prediction.get("budgets") or [], prediction.get("tokens_per_s") or [], strict=True))
+    rows = []
+    for budget, tau in enumerate(curve["tau"], start=1):
+        real = measured.get(budget) or {}
+        rows.append({
+            "budget": budget,
+            "tau_estimate": tau,
+            "tau_measured": real.get("tau"),
+            "tau_error": tau - real["tau"] if "tau" in real else None,
+            "predicted_tokens_per_s": predicted.get(budget),
+            "tokens_per_s": real.get("tokens_per_s"),
+        })  # fmt: skip
+    return rows
+
+
+def budget_markdown(document: dict[str, Any]) -> list[str]:
+    """The section's lines (empty without a curve): a heading that says where the estimate comes from, one
+    column per budget shown, a row per figure, and the prediction's line."""
+    curve = document.get("budget_curve")
+    if not curve:
+        return []
+    rows = _rows(document)
+    prediction = document.get("prediction") or {}
+    shown = {2**k for k in range(len(rows).bit_length()) if 2**k <= len(rows)} | {len(rows)}
+    shown |= {r["budget"] for r in rows if r["tau_measured"] is not None}
+    if prediction.get("best_budget"):
+        shown.add(prediction["best_budget"])
+    picked = [r for r in rows if r["budget"] in shown]
+    lines = [
+        f"**tau at every budget**, estimated from the {curve['rounds']} rounds of {curve['scope']} (each round "
+        "cut to the budget's first nodes); measured where the run decoded at that budget",
+        "",
+        "| budget | " + " | ".join(str(r["budget"]) for r in picked) + " |",
+        "|" + " --- |" * (len(picked) + 1),
+    ]
+    figures = [("tau, estimated", "tau_estimate", "{:.2f}"), ("tau, measured", "tau_measured", "{:.2f}"),
+               ("estimate − measured", "tau_error", "{:+.2f}")]  # fmt: skip
+    if prediction:
+        figures += [("tok/s, predicted", "predicted_tokens_per_s", "{:.0f}"),
+                    ("tok/s, measured", "tokens_per_s", "{:.0f}")]  # fmt: skip
+    for name, key, form in figures:
+        cells = [form.format(r[key]) if r[key] is not None else "" for r in picked]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if prediction.get("line"):
+        lines += ["", f"**Budget**: {prediction['line']}."]
+    return lines
+
+
+def budget_csv(document: dict[str, Any]) -> str | None:
+    """Every budget's figures (`CSV_HEADER`), or None without a curve."""
+    if not document.get("budget_curve"):
+        return None
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(CSV_HEADER)
+    for row in _rows(document):
+        writer.writerow(["" if row[key] is None else row[key] for key in CSV_HEADER])
+    return buffer.getvalue()
