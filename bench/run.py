@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from bench.budget_figures import budget_figures, budget_table
 from bench.decode_figures import decode_figures, prompt_length_check
 from bench.decode_speed import compare_workers
 from bench.op_counts import op_count_figures
@@ -215,6 +216,11 @@ def markdown(results: dict) -> str:
         "",
         *_length_table(results["prompt_length"]),
         "",
+        "Which budget? tau at every budget from one decode, and tokens/s predicted from the node costs "
+        "(`bench.budget_figures`):",
+        "",
+        *budget_table(results["budget"]),
+        "",
         "Operations per decode round (counted, so exact: a gate where timings are noise), after a 256-token "
         "prefill on 64-layer models of the real layer pattern at tiny widths (the hybrid is Qwen3.6-27B's: 48 "
         "Gated DeltaNet and 16 attention layers); compute operations as dispatched on the CPU, views and "
@@ -258,6 +264,7 @@ def main() -> None:
         "decode": [decode_figures(name, args.decode_repeats) for name in PAIRS],
         "bf16": [decode_figures(name, 1, dtype="bfloat16", budgets=(16, 64)) for name in PAIRS],
         "prompt_length": prompt_length_check("tiny_trained", args.decode_repeats),
+        "budget": budget_figures("tiny_trained", args.decode_repeats),
         "op_counts": op_count_figures(),
         "speed": compare_workers(args.baseline, args.decode_repeats),
         "compiled": _compiled_runs(),

@@ -336,5 +336,12 @@ def test_decode_sweep_lands_as_child_runs(mlflow_server: MlflowServer, job_paths
             assert output["matches_ar"] is True and output["divergence"] is None
             assert output["tokens"] == row["methods"]["ar"]["tokens"] and len(output["decode_s_repeats"]) == 2
     plots = {a.path for a in client.list_artifacts(run_id, "plots")}
-    assert plots == {"plots/tau_speedup_vs_budget.png", "plots/acceptance_length_hist.png"}
+    assert plots == {
+        "plots/tau_speedup_vs_budget.png",
+        "plots/acceptance_length_hist.png",
+        "plots/budget_curve.png",
+        "plots/acceptance_depth_rank.png",
+    }
+    files = {a.path for a in client.list_artifacts(run_id)}
+    assert {"summary.md", "summary.csv", "budget_curve.csv"} <= files
     assert "lossless 1.00" in result.stdout

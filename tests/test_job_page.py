@@ -76,7 +76,15 @@ def test_the_jobs_page_leads_with_the_best_and_says_it_is_one_pass(job) -> None:
     client, run_id, _children, run_dir, terminal = job
     run = client.get_run(run_id)
     listed = list(run.data.metrics)
-    assert listed[:4] == ["best.speedup_vs_ar", "best.tau", "best.tokens_per_s", "ar.tau"]
+    assert listed[:7] == [
+        "best.speedup_vs_ar",
+        "best.tau",
+        "best.tokens_per_s",
+        "best.predicted_budget",
+        "best.predicted_speedup_vs_ar",
+        "best.predicted_tokens_per_s",
+        "ar.tau",
+    ]
     best = run.data.tags["best.method"]
     assert run.data.metrics["best.speedup_vs_ar"] == run.data.metrics[f"{best}.speedup_vs_ar"]
     slower = run.data.metrics["best.speedup_vs_ar"] < 1  # the random tiny model's draft may well be
@@ -87,3 +95,22 @@ def test_the_jobs_page_leads_with_the_best_and_says_it_is_one_pass(job) -> None:
     figures = f"×{run.data.metrics['best.speedup_vs_ar']:.2f} vs AR at tau {run.data.metrics['best.tau']:.2f}"
     assert description[2] == f"Best: **{best}**, {figures} — {run.data.tags['best.basis']}."
     assert terminal["best"] == f"{best}, {figures} — {run.data.tags['best.basis']}"  # the terminal says the same
+
+
+def test_the_jobs_page_draws_the_budget_curves_against_their_steps(job) -> None:
+    """tau at every budget, the node costs against tree size and the predicted tokens/s are metric histories
+    whose step is the budget (or the number of nodes): MLflow's chart of each is the curve."""
+    client, run_id, _children, run_dir, _terminal = job
+    document = json.loads((run_dir / SUMMARY_FILE).read_text())
+
+    def history(key: str) -> list[tuple[int, float]]:
+        return [(m.step, m.value) for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)]
+
+    assert history("tau_at_budget") == list(enumerate(document["budget_curve"]["tau"], start=1))
+    assert [step for step, _ in history("node_cost.verify_ms")] == [1, 2, 4, 5]  # up to the budget-4 tree
+    assert [step for step, _ in history("node_cost.draft_ms")] == [0]
+    prediction = document["prediction"]
+    assert history("predicted_tokens_per_s") == list(zip([1, 2, 3, 4], prediction["tokens_per_s"], strict=True))
+    metrics = client.get_run(run_id).data.metrics
+    assert metrics["best.predicted_budget"] == prediction["best_budget"]
+    assert not any(key.startswith("tau_at_budget_error") for key in metrics)  # one budget: nothing to check

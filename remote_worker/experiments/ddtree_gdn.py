@@ -167,15 +167,17 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
         }
         if recompiles:
             LOG.warning("decode.compile: %d graphs were compiled again after the warm-up (a shape changed)", recompiles)
+    curve = _budget_curve(methods, curves, summary)
+    prediction = _predict(methods, curve, node_costs, summary, compiled is not None)
     # A run page lists metrics in the order they were first logged (see HEADLINE_FIRST): the answer first.
     headline, verdict = headline_metrics(summary)
-    log.emit("metrics", headline, step=0)  # the job's own run answers the comparison on its page
+    best = {key: value for key, value in headline.items() if key.startswith("best.")}
+    log.emit("metrics", {**best, **_predicted_best(prediction), **headline}, step=0)  # the job's run answers
     if costs:
         log.emit("metrics", costs, step=0)
     for scope, metrics in summary.items():
         log.emit("metrics", _headline_first(metrics), scope=scope, step=0)
-    curve = _budget_curve(log, methods, curves, summary)
-    prediction = _predict(log, methods, curve, node_costs, summary, compiled is not None)
+    _emit_budget_curves(log, curve, node_costs, prediction)
     for scope, tally in comparison.tallies.items():
         _emit_rounds(log, scope, tally.acceptance_lengths)
     if verdict is not None:
@@ -207,7 +209,8 @@ def _node_costs(
     """`decode.node_costs`: the round's stages against tree size (`decoding.node_cost`), up to the largest
     budget's tree, measured before any decode and after the warm-up. The context is where an average round
     of this run verifies: the mean prompt and half the new tokens. Logged on the job's run as curves
-    (`node_cost.verify_ms` …, step = tree size); None when off."""
+    (`node_cost.verify_ms` …, step = tree size) once the headline figures are (a run page lists metrics in the
+    order they first came); None when off."""
     if not spec.decode.get("node_costs", True):
         return None
     largest = max(budgets)
@@ -223,41 +226,31 @@ def _node_costs(
     costs = measure_node_costs(target, drafter, encoded[0], context, sizes, repeats, progress)
     if costs.unmeasured:
         LOG.warning("node costs: tree sizes %s not measured: %s", costs.unmeasured, costs.note)
-    for step, metrics in metric_steps(costs):
-        log.emit("metrics", metrics, step=step)
     return costs
 
 
 def _budget_curve(
-    log: EventLog, methods: list[Method], curves: dict[str, BudgetCurve], summary: dict[str, dict[str, float]]
+    methods: list[Method], curves: dict[str, BudgetCurve], summary: dict[str, dict[str, float]]
 ) -> dict[str, Any] | None:
     """tau at every budget from the largest budget's decode (`budget_curve`), checked against the run's real
-    decodes at the other budgets: `tau_at_budget` (step = budget) on the job's run, and the checks' error
-    (`tau_at_budget_error`, estimate − measured, step = budget). None without a DDTree method."""
+    decodes at the other budgets; None without a DDTree method."""
     trees = [m for m in methods if m.name == "ddtree"]
     if not trees:
         return None
     largest = max(trees, key=lambda m: m.budget)
     curve = curves[largest.scope]
     checks = compare(curve, {m.budget: summary[m.scope]["tau"] for m in trees if m is not largest})
-    for budget, tau in enumerate(curve.tau(), start=1):
-        log.emit("metrics", {"tau_at_budget": tau}, step=budget)
-    for check in checks:
-        log.emit("metrics", {"tau_at_budget_error": check.error}, step=check.budget)
     return curve_record(largest.scope, curve, checks)
 
 
 def _predict(
-    log: EventLog,
     methods: list[Method],
     curve: dict[str, Any] | None,
     costs: NodeCosts | None,
     summary: dict[str, dict[str, float]],
     compiled: bool,
 ) -> Prediction | None:
-    """tokens/s predicted at every budget (`budget_choice`): `predicted_tokens_per_s` (step = budget) and
-    `best.predicted_budget`, `best.predicted_speedup_vs_ar` on the job's run. None without both a curve and
-    the node costs."""
+    """tokens/s predicted at every budget (`budget_choice`); None without both a curve and the node costs."""
     if curve is None or costs is None:
         return None
     measured = [
@@ -265,16 +258,36 @@ def _predict(
         for m in methods
         if m.name == "ddtree"
     ]
-    prediction = predict(curve["tau"], costs, measured, compiled)
-    for budget, speed in zip(prediction.budgets, prediction.tokens_per_s, strict=True):
-        log.emit("metrics", {"predicted_tokens_per_s": speed}, step=budget)
-    best = {
+    return predict(curve["tau"], costs, measured, compiled)
+
+
+def _predicted_best(prediction: Prediction | None) -> dict[str, float]:
+    """`best.predicted_budget` and `best.predicted_speedup_vs_ar`, which lead the job's page beside `best.*`."""
+    if prediction is None:
+        return {}
+    return {
         "best.predicted_budget": float(prediction.best_budget),
         "best.predicted_speedup_vs_ar": prediction.best_speedup_vs_ar,
         "best.predicted_tokens_per_s": prediction.best_tokens_per_s,
     }
-    log.emit("metrics", best, step=0)
-    return prediction
+
+
+def _emit_budget_curves(
+    log: EventLog, curve: dict[str, Any] | None, costs: NodeCosts | None, prediction: Prediction | None
+) -> None:
+    """The job's curves, each a metric history whose step is the budget (or the tree size): `tau_at_budget`,
+    `tau_at_budget_error` (estimate − measured, at the budgets the run decoded), the node costs
+    (`node_cost.verify_ms` …, step = nodes) and `predicted_tokens_per_s`."""
+    if curve is not None:
+        for budget, tau in enumerate(curve["tau"], start=1):
+            log.emit("metrics", {"tau_at_budget": tau}, step=budget)
+        for check in curve["checks"]:
+            log.emit("metrics", {"tau_at_budget_error": check["error"]}, step=check["budget"])
+    for step, metrics in metric_steps(costs) if costs is not None else ():
+        log.emit("metrics", metrics, step=step)
+    if prediction is not None:
+        for budget, speed in zip(prediction.budgets, prediction.tokens_per_s, strict=True):
+            log.emit("metrics", {"predicted_tokens_per_s": speed}, step=budget)
 
 
 def _check_budgets(target: TargetModel, block_size: int, budgets: list[int], context: int) -> None:

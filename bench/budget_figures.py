@@ -1,0 +1,115 @@
+"""The budget this CPU should use on the trained tiny pair: tau at every budget from the largest budget's
+decode against the real decodes at the smaller ones, and tokens/s predicted from the node costs against the
+measured tokens/s, all from one comparison (the code a run uses: `comparison`, `budget_curve`, `node_cost`,
+`budget_choice`).
+
+The node costs are measured after the warm-up and before the comparison, at the context an average round of
+the comparison verifies (the mean prompt and half the new tokens), as `experiment=ddtree_gdn` does.
+
+    .venv/bin/python -m bench.budget_figures    # this section alone (about 3 minutes), JSON then Markdown
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from typing import Any
+
+import torch
+
+from bench.decode_figures import _load, _spec
+from orchestrator.config.prompts import resolve_prompts
+from remote_worker.decoding.budget_choice import Measured, predict
+from remote_worker.decoding.budget_curve import BudgetCurve, compare, curve_record
+from remote_worker.decoding.comparison import Comparison, Settings, methods_for, run_prompt
+from remote_worker.decoding.node_cost import measure_node_costs, node_cost_sizes
+from remote_worker.models.loading import model_prompts
+from remote_worker.prompt_set import load_prompt_file
+from remote_worker.prompts import encode
+
+BUDGETS = (4, 8, 16, 32, 64)
+COST_REPEATS = 10
+FIGURES = ("tau", "tokens_per_s", "speedup_vs_ar")
+
+
+def budget_figures(
+    name: str = "tiny_trained",
+    repeats: int = 3,
+    max_new_tokens: int = 64,
+    prompts: str | None = "humaneval",
+    num_prompts: int = 8,
+) -> dict[str, Any]:
+    target, drafter, tokenizer = _load(name, "cpu", "float32")
+    chosen = resolve_prompts(prompts) if prompts else load_prompt_file(model_prompts(_spec(name, "cpu", "float32")))
+    ids = [encode(p, tokenizer, target.embed.num_embeddings) for p in chosen[:num_prompts]]
+    methods = methods_for(BUDGETS)
+    settings = Settings(max_new_tokens, repeats=repeats)
+    run_prompt(target, drafter, ids[0][:32], methods, Settings(8), index=0)  # warm-up
+    context = round(statistics.fmean(len(i) for i in ids)) - 1 + max_new_tokens // 2
+    largest = max(BUDGETS)
+    costs = measure_node_costs(target, drafter, ids[0], context, node_cost_sizes(largest, largest + 1), COST_REPEATS)
+    comparison = Comparison(methods, settings.temperature, target.dtype)
+    curve = BudgetCurve(largest)
+    for index, prompt in enumerate(ids):
+        run = run_prompt(target, drafter, prompt, methods, settings, index)
+        comparison.add(run)
+        curve.add(run.first(f"ddtree_tb{largest}").accepted_nodes)
+    metrics = comparison.metrics()
+    trees = [m for m in methods if m.name == "ddtree"]
+    checks = compare(curve, {m.budget: metrics[m.scope]["tau"] for m in trees if m.budget != largest})
+    measured = [Measured(m.budget, metrics[m.scope]["tokens_per_s"], metrics[m.scope]["speedup_vs_ar"]) for m in trees]
+    prediction = predict(curve.tau(), costs, measured)
+    return {
+        "model": name,
+        "prompts": f"{prompts or 'held-out'} (first {len(ids)})",
+        "max_new_tokens": max_new_tokens,
+        "repeats": repeats,
+        "context": costs.context,
+        "cost_repeats": COST_REPEATS,
+        "rounds": curve.rounds,
+        "tau_at_budget": curve.tau(),
+        "checks": curve_record(f"ddtree_tb{largest}", curve, checks)["checks"],
+        "prediction": prediction.as_record(),
+        "measured": {m.budget: {k: metrics[m.scope][k] for k in FIGURES} for m in trees},
+        "ar_tokens_per_s": metrics["ar"]["tokens_per_s"],
+        "dflash": {k: metrics["dflash"][k] for k in FIGURES},
+        "node_costs": costs.as_record(),
+    }
+
+
+def budget_table(figures: dict[str, Any]) -> list[str]:
+    """The curve at the budgets a reader scans, the estimate against the real decodes, and the prediction."""
+    tau, prediction = figures["tau_at_budget"], figures["prediction"]
+    measured = {int(b): m for b, m in figures["measured"].items()}
+    predicted = dict(zip(prediction["budgets"], prediction["tokens_per_s"], strict=True))
+    shown = sorted({1, 2, *(b for b in (4, 8, 16, 32, 64) if b <= len(tau)), prediction["best_budget"]})
+    note = (
+        f"{figures['model']}, temperature 0, prompts: {figures['prompts']}, {figures['max_new_tokens']} new tokens, "
+        f"decode speeds the median of {figures['repeats']} passes. tau estimated at every budget from the "
+        f"{figures['rounds']} rounds of the budget-{len(tau)} decode (at {len(tau)} itself: those rounds); node "
+        f"costs measured in whole rounds at {figures['context']} tokens of context ({figures['cost_repeats']} "
+        f"rounds per tree size); predicted tokens/s = tau(b) / (draft + tree(b+1) + verify(b+1) + commit). AR: "
+        f"{figures['ar_tokens_per_s']:.0f} tok/s measured, {prediction['ar_tokens_per_s']:.0f} predicted."
+    )
+    lines = [note, "", "| budget | tau, estimated | tau, measured | estimate − measured | tok/s, predicted "
+             "| tok/s, measured | predicted / measured |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for budget in shown:
+        estimate, real, speed = tau[budget - 1], measured.get(budget), predicted.get(budget)
+        cells = [f"{estimate:.2f}", "", "", f"{speed:.0f}" if speed is not None else "", "", ""]
+        if real is not None:
+            cells[1], cells[2] = f"{real['tau']:.2f}", f"{estimate - real['tau']:+.2f}"
+            cells[4] = f"{real['tokens_per_s']:.0f}"
+            cells[5] = f"{speed / real['tokens_per_s']:.2f}" if speed is not None else ""
+        lines.append(f"| {budget} | " + " | ".join(cells) + " |")
+    return [*lines, "", f"Recommendation: {prediction['line']}."]
+
+
+def main() -> None:
+    torch.set_grad_enabled(False)
+    figures = budget_figures()
+    print(json.dumps(figures, indent=1))
+    print("\n".join(budget_table(figures)))
+
+
+if __name__ == "__main__":
+    main()
