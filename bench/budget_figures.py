@@ -58,7 +58,7 @@ def budget_figures(
     trees = [m for m in methods if m.name == "ddtree"]
     checks = compare(curve, {m.budget: metrics[m.scope]["tau"] for m in trees if m.budget != largest})
     measured = [Measured(m.budget, metrics[m.scope]["tokens_per_s"], metrics[m.scope]["speedup_vs_ar"]) for m in trees]
-    prediction = predict(curve.tau(), costs, measured)
+    prediction = predict(curve.tau(), costs, metrics["ar"]["tokens_per_s"], measured)
     return {
         "model": name,
         "prompts": f"{prompts or 'held-out'} (first {len(ids)})",
@@ -89,7 +89,8 @@ def budget_table(figures: dict[str, Any]) -> list[str]:
         f"{figures['rounds']} rounds of the budget-{len(tau)} decode (at {len(tau)} itself: those rounds); node "
         f"costs measured in whole rounds at {figures['context']} tokens of context ({figures['cost_repeats']} "
         f"rounds per tree size); predicted tokens/s = tau(b) / (draft + tree(b+1) + verify(b+1) + commit). AR: "
-        f"{figures['ar_tokens_per_s']:.0f} tok/s measured, {prediction['ar_tokens_per_s']:.0f} predicted."
+        f"{figures['ar_tokens_per_s']:.0f} tok/s measured (what the predicted speedup divides by), "
+        f"{prediction['ar_predicted_tokens_per_s']:.0f} predicted."
     )
     lines = [note, "", "| budget | tau, estimated | tau, measured | estimate − measured | tok/s, predicted "
              "| tok/s, measured | predicted / measured |", "|---|---|---|---|---|---|---|"]  # fmt: skip

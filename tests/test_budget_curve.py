@@ -203,26 +203,30 @@ def costs(verify: list[float], sizes: list[int]) -> NodeCosts:
 
 def test_the_prediction_divides_tau_by_the_round() -> None:
     """tau 2, 3, 3.5, 3.6 at budgets 1–4; a round costs draft 1 + verify + commit 0.5 ms, verify linear from 2 ms
-    at 1 node to 4 ms at 5 nodes; AR: verify(1) + commit = 2.5 ms, 400 tokens/s."""
+    at 1 node to 4 ms at 5 nodes; AR as the costs predict it: verify(1) + commit = 2.5 ms, 400 tokens/s. The
+    speedups divide by AR as measured (500 tokens/s), as the run's measured speedups do."""
     tau = [2.0, 3.0, 3.5, 3.6]
-    prediction = predict(tau, costs([2.0, 4.0], [1, 5]), [Measured(2, 700.0, 1.6), Measured(4, 650.0, 1.5)])
+    measured = [Measured(2, 700.0, 1.6), Measured(4, 650.0, 1.5)]
+    prediction = predict(tau, costs([2.0, 4.0], [1, 5]), 500.0, measured)
     rounds_ms = [1 + (2 + 0.5 * b) + 0.5 for b in (1, 2, 3, 4)]  # 4.0, 4.5, 5.0, 5.5
     assert prediction.budgets == [1, 2, 3, 4]
     assert prediction.tokens_per_s == pytest.approx([1000 * t / r for t, r in zip(tau, rounds_ms, strict=True)])
-    assert prediction.ar_tokens_per_s == pytest.approx(400.0)
+    assert prediction.ar_predicted_tokens_per_s == pytest.approx(400.0) and prediction.ar_tokens_per_s == 500
     assert prediction.best_budget == 3  # 700 tokens/s: 3.5 / 5 ms
-    assert prediction.best_speedup_vs_ar == pytest.approx(700 / 400)
+    assert prediction.best_speedup_vs_ar == pytest.approx(700 / 500)
     assert prediction.predicted_at_measured == pytest.approx([1000 * 3 / 4.5, 1000 * 3.6 / 5.5])
     assert not prediction.at_edge
-    assert prediction.line() == "on this host, budget 3 is predicted fastest: ×1.75 vs AR (measured at 2: ×1.60)"
+    assert prediction.line() == "on this host, budget 3 is predicted fastest: ×1.40 vs AR (measured at 2: ×1.60)"
+    with pytest.raises(ValueError, match="AR's measured speed must be positive"):
+        predict(tau, costs([2.0, 4.0], [1, 5]), 0.0, measured)
 
 
 def test_a_best_budget_at_the_curves_end_says_a_larger_one_may_be_faster() -> None:
-    prediction = predict([2.0, 3.0, 4.0], costs([2.0, 2.0], [1, 4]), [])
+    prediction = predict([2.0, 3.0, 4.0], costs([2.0, 2.0], [1, 4]), 300.0, [])
     assert prediction.best_budget == 3 and prediction.at_edge
     assert prediction.line().endswith("; 3 is the largest budget this run can tell, a larger one may be faster")
     # Costs measured only up to 3 nodes cut the prediction at budget 2, whatever the curve holds.
-    assert predict([2.0, 3.0, 4.0], costs([2.0, 2.0], [1, 3]), []).budgets == [1, 2]
+    assert predict([2.0, 3.0, 4.0], costs([2.0, 2.0], [1, 3]), 300.0, []).budgets == [1, 2]
 
 
 # The estimate against real decodes on the trained pair, 8 held-out prompts × 128 tokens (float32, CPU), as

@@ -103,7 +103,9 @@ def plot_budget_curve(summary: dict, path: Path) -> Path:
                   label=f"predicted best: {best} (×{prediction['best_speedup_vs_ar']:.2f} vs AR)")  # fmt: skip
         if "ar" in reference:
             axis.axhline(reference["ar"]["tokens_per_s"], linestyle=":", color="grey", label="AR, measured")
-        axis.axhline(prediction["ar_tokens_per_s"], linestyle=":", color="black", alpha=0.5, label="AR, predicted")
+        if prediction.get("ar_predicted_tokens_per_s"):
+            axis.axhline(prediction["ar_predicted_tokens_per_s"], linestyle=":", color="black", alpha=0.5,
+                         label="AR, predicted")  # fmt: skip
         if "dflash" in reference:
             dflash = reference["dflash"]["tokens_per_s"]
             axis.axhline(dflash, linestyle="--", color="tab:orange", label="DFlash, measured")

@@ -258,7 +258,7 @@ def _predict(
         for m in methods
         if m.name == "ddtree"
     ]
-    return predict(curve["tau"], costs, measured, compiled)
+    return predict(curve["tau"], costs, summary["ar"]["tokens_per_s"], measured, compiled)
 
 
 def _predicted_best(prediction: Prediction | None) -> dict[str, float]:
