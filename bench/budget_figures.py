@@ -3,8 +3,8 @@ decode against the real decodes at the smaller ones, and tokens/s predicted from
 measured tokens/s, all from one comparison (the code a run uses: `comparison`, `budget_curve`, `node_cost`,
 `budget_choice`).
 
-The node costs are measured after the warm-up and before the comparison, at the context an average round of
-the comparison verifies (the mean prompt and half the new tokens), as `experiment=ddtree_gdn` does.
+The node costs are measured in slices between the prompts' decodes, each at that prompt's context halfway
+through its decode, as `experiment=ddtree_gdn` does (`NodeCostSlices`).
 
     .venv/bin/python -m bench.budget_figures    # this section alone (about 3 minutes), JSON then Markdown
 """
@@ -12,7 +12,6 @@ the comparison verifies (the mean prompt and half the new tokens), as `experimen
 from __future__ import annotations
 
 import json
-import statistics
 from typing import Any
 
 import torch
@@ -22,13 +21,14 @@ from orchestrator.config.prompts import resolve_prompts
 from remote_worker.decoding.budget_choice import Measured, predict
 from remote_worker.decoding.budget_curve import BudgetCurve, compare, curve_record
 from remote_worker.decoding.comparison import Comparison, Settings, methods_for, run_prompt
-from remote_worker.decoding.node_cost import measure_node_costs, node_cost_sizes
+from remote_worker.decoding.loop import prefill
+from remote_worker.decoding.node_cost import NodeCostSampler, context_tokens, node_cost_sizes
 from remote_worker.models.loading import model_prompts
 from remote_worker.prompt_set import load_prompt_file
 from remote_worker.prompts import encode
 
 BUDGETS = (4, 8, 16, 32, 64)
-COST_REPEATS = 10
+COST_REPEATS = 3  # timed rounds per tree size after each prompt
 FIGURES = ("tau", "tokens_per_s", "speedup_vs_ar")
 
 
@@ -45,15 +45,17 @@ def budget_figures(
     methods = methods_for(BUDGETS)
     settings = Settings(max_new_tokens, repeats=repeats)
     run_prompt(target, drafter, ids[0][:32], methods, Settings(8), index=0)  # warm-up
-    context = round(statistics.fmean(len(i) for i in ids)) - 1 + max_new_tokens // 2
     largest = max(BUDGETS)
-    costs = measure_node_costs(target, drafter, ids[0], context, node_cost_sizes(largest, largest + 1), COST_REPEATS)
+    sampler = NodeCostSampler(target, drafter, node_cost_sizes(largest, largest + 1))
     comparison = Comparison(methods, settings.temperature, target.dtype)
     curve = BudgetCurve(largest)
     for index, prompt in enumerate(ids):
         run = run_prompt(target, drafter, prompt, methods, settings, index)
         comparison.add(run)
         curve.add(run.first(f"ddtree_tb{largest}").accepted_nodes)
+        start = prefill(target, context_tokens(prompt, len(prompt) - 1 + max_new_tokens // 2), drafter)
+        sampler.measure(start, COST_REPEATS, warmup=1)
+    costs = sampler.costs()
     metrics = comparison.metrics()
     trees = [m for m in methods if m.name == "ddtree"]
     checks = compare(curve, {m.budget: metrics[m.scope]["tau"] for m in trees if m.budget != largest})
@@ -87,8 +89,9 @@ def budget_table(figures: dict[str, Any]) -> list[str]:
         f"{figures['model']}, temperature 0, prompts: {figures['prompts']}, {figures['max_new_tokens']} new tokens, "
         f"decode speeds the median of {figures['repeats']} passes. tau estimated at every budget from the "
         f"{figures['rounds']} rounds of the budget-{len(tau)} decode (at {len(tau)} itself: those rounds); node "
-        f"costs measured in whole rounds at {figures['context']} tokens of context ({figures['cost_repeats']} "
-        f"rounds per tree size); predicted tokens/s = tau(b) / (draft + tree(b+1) + verify(b+1) + commit). AR: "
+        f"costs measured in whole rounds between the decodes, {figures['cost_repeats']} per tree size after each "
+        f"prompt, at {figures['context']} tokens of context on average; predicted tokens/s = tau(b) / (draft "
+        "+ tree(b+1) + verify(b+1) + commit). AR: "
         f"{figures['ar_tokens_per_s']:.0f} tok/s measured (what the predicted speedup divides by), "
         f"{prediction['ar_predicted_tokens_per_s']:.0f} predicted."
     )

@@ -306,78 +306,103 @@ def measure_from(
 ) -> NodeCosts:
     """The stage costs (see the module) at the state of `start` (a prefill that fed the drafter), which stays
     as it is. `progress(done, total, what)` after each tree size."""
-    sizes = _check_sizes(list(sizes))
-    if repeats < 1 or warmup < 0:
-        raise ValueError(f"repeats={repeats} must be >= 1 and warmup={warmup} >= 0")
-    if start.draft_context is None:
-        raise ValueError("the prefill did not feed a drafter: prefill with the drafter to measure its draft")
-    positions = drafter.block_size - 1
-    accepted = positions if accepted is None else accepted
-    if not 0 <= accepted <= positions:
-        raise ValueError(f"accepted={accepted} must be between 0 and the block's {positions} drafted positions")
-    device, vocab = target.device, target.head.out_features
-    total = len(sizes)
-    base_cache, base_context = start.fork()
-    context = base_cache.length
-    room = context + max(sizes[-1], drafter.block_size) + 1
-    base_cache.reserve(room)  # nothing grows inside a timed call (the clones of each round keep this capacity)
-    base_context.reserve(room)
-    target.reserve_positions(room)
-    root = torch.tensor(start.root, device=device)
-    mask_embedding = target.embed(torch.tensor(drafter.mask_token_id, device=device))
-    logits = drafter.propose(base_context.clone(), target.embed(root), mask_embedding, target.head)
+    sampler = NodeCostSampler(target, drafter, sizes, accepted=accepted)
+    sampler.measure(start, repeats, warmup, progress)
+    return sampler.costs()
 
-    draft_ms: list[float] = []
-    tree: list[StageCost] = []
-    verify: list[StageCost] = []
-    commit: list[StageCost] = []
-    depths: list[int] = []
-    measured: list[int] = []
-    unmeasured: list[int] = []
-    note = ""
-    for position, nodes in enumerate(sizes, start=1):
-        built = best_first_tree(start.root, logits, nodes - 1)
-        if built.tree.size < nodes:
-            unmeasured = sizes[position - 1 :]
-            offered = distinct_nodes(positions, vocab)
-            note = (
-                f"a tree of {nodes} nodes needs {nodes - 1} below its root; a draft block of {drafter.block_size} "
-                f"offers {min(offered, built.tree.size - 1)} ({positions} drafted position{'s' * (positions != 1)} "
-                f"over a vocabulary of {vocab})"
+
+class NodeCostSampler:
+    """Timed rounds at every tree size, gathered from one state or several (`measure`), then their figures
+    (`costs`). The decode experiment measures a slice between prompts, at each prompt's own context, so the
+    costs see the machine as the decodes around them did: on a shared CPU whose speed drifts by a third
+    within a minute, costs taken all before the decode predicted its speeds 5–23 % too high in one run and
+    15 % too low in another."""
+
+    def __init__(self, target: TargetModel, drafter: Any, sizes: Sequence[int], *, accepted: int | None = None):
+        self.target, self.drafter, self.sizes = target, drafter, _check_sizes(list(sizes))
+        positions = drafter.block_size - 1
+        self.accepted = positions if accepted is None else accepted
+        if not 0 <= self.accepted <= positions:
+            raise ValueError(
+                f"accepted={self.accepted} must be between 0 and the block's {positions} drafted positions"
             )
-            break
-        path = rank0_chain(built)[: accepted + 1]
-        samples: dict[str, list[float]] = {stage: [] for stage in ("draft", "tree", "verify", "commit")}
-        for attempt in range(warmup + repeats):
-            timings = _round(target, drafter, base_cache, base_context, start.root, mask_embedding, nodes, path)
-            if attempt >= warmup:
-                for stage, ms in timings.items():
-                    samples[stage].append(ms)
-        draft_ms += samples["draft"]
-        tree.append(StageCost.of(samples["tree"]))
-        verify.append(StageCost.of(samples["verify"]))
-        commit.append(StageCost.of(samples["commit"]))
-        depths.append(len(path) - 1)
-        measured.append(nodes)
-        if progress is not None:
-            progress(position, total, f"{nodes} nodes: verify {verify[-1].median_ms:.3g} ms")
-    if not measured:
-        raise ValueError(f"no tree size could be measured: {note}")
-    if unmeasured and progress is not None:
-        progress(total, total, f"sizes from {unmeasured[0]} nodes not measured: {note}")
-    return NodeCosts(
-        sizes=measured,
-        context=context,
-        repeats=repeats,
-        device=str(device),
-        draft=StageCost.of(draft_ms),
-        tree=tree,
-        verify=verify,
-        commit=commit,
-        block_size=drafter.block_size,
-        accepted=accepted,
-        commit_depths=depths,
-        warmup=warmup,
-        unmeasured=unmeasured,
-        note=note,
-    )
+        self.samples = {n: {stage: [] for stage in ("draft", "tree", "verify", "commit")} for n in self.sizes}
+        self.depths: dict[int, int] = {}
+        self.contexts: list[int] = []
+        self.warmup = WARMUP
+        self.unmeasured: list[int] = []
+        self.note = ""
+
+    def measure(self, start: Prefill, repeats: int, warmup: int = WARMUP, progress: Progress | None = None) -> None:
+        """`warmup` untimed and `repeats` timed rounds per tree size from the state of `start` (which stays as
+        it is). A size whose tree this state's draft cannot fill is not measured here (`unmeasured`, `note`
+        say why when no state could)."""
+        if repeats < 1 or warmup < 0:
+            raise ValueError(f"repeats={repeats} must be >= 1 and warmup={warmup} >= 0")
+        if start.draft_context is None:
+            raise ValueError("the prefill did not feed a drafter: prefill with the drafter to measure its draft")
+        target, drafter = self.target, self.drafter
+        positions = drafter.block_size - 1
+        device, vocab = target.device, target.head.out_features
+        base_cache, base_context = start.fork()
+        context = base_cache.length
+        room = context + max(self.sizes[-1], drafter.block_size) + 1
+        base_cache.reserve(room)  # nothing grows inside a timed call (each round's clones keep this capacity)
+        base_context.reserve(room)
+        target.reserve_positions(room)
+        root = torch.tensor(start.root, device=device)
+        mask_embedding = target.embed(torch.tensor(drafter.mask_token_id, device=device))
+        logits = drafter.propose(base_context.clone(), target.embed(root), mask_embedding, target.head)
+        self.contexts.append(context)
+        self.warmup = warmup
+        for position, nodes in enumerate(self.sizes, start=1):
+            built = best_first_tree(start.root, logits, nodes - 1)
+            if built.tree.size < nodes:
+                offered = distinct_nodes(positions, vocab)
+                self.note = (
+                    f"a tree of {nodes} nodes needs {nodes - 1} below its root; a draft block of "
+                    f"{drafter.block_size} offers {min(offered, built.tree.size - 1)} ({positions} drafted "
+                    f"position{'s' * (positions != 1)} over a vocabulary of {vocab})"
+                )
+                if progress is not None:
+                    progress(len(self.sizes), len(self.sizes), f"sizes from {nodes} nodes not measured: {self.note}")
+                break
+            path = rank0_chain(built)[: self.accepted + 1]
+            self.depths[nodes] = len(path) - 1
+            for attempt in range(warmup + repeats):
+                timings = _round(target, drafter, base_cache, base_context, start.root, mask_embedding, nodes, path)
+                if attempt >= warmup:
+                    for stage, ms in timings.items():
+                        self.samples[nodes][stage].append(ms)
+            if progress is not None:
+                verify = statistics.median(self.samples[nodes]["verify"])
+                progress(position, len(self.sizes), f"{nodes} nodes: verify {verify:.3g} ms")
+
+    def costs(self) -> NodeCosts:
+        """The figures over every timed round so far, at their mean context."""
+        measured = [n for n in self.sizes if self.samples[n]["verify"]]
+        if not measured:
+            raise ValueError(f"no tree size could be measured: {self.note}")
+        # a size is only as measured as the smallest ones: stop at the first gap
+        measured = [n for i, n in enumerate(measured) if n == self.sizes[i]]
+        unmeasured = [n for n in self.sizes if n not in measured]
+
+        def stage(name: str) -> list[StageCost]:
+            return [StageCost.of(self.samples[n][name]) for n in measured]
+
+        return NodeCosts(
+            sizes=measured,
+            context=round(statistics.fmean(self.contexts)),
+            repeats=min(len(self.samples[n]["verify"]) for n in measured),
+            device=str(self.target.device),
+            draft=StageCost.of([ms for n in measured for ms in self.samples[n]["draft"]]),
+            tree=stage("tree"),
+            verify=stage("verify"),
+            commit=stage("commit"),
+            block_size=self.drafter.block_size,
+            accepted=self.accepted,
+            commit_depths=[self.depths[n] for n in measured],
+            warmup=self.warmup,
+            unmeasured=unmeasured,
+            note=self.note if unmeasured else "",
+        )

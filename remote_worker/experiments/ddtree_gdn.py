@@ -28,7 +28,8 @@ from remote_worker.decoding.budget_curve import BudgetCurve, compare, curve_reco
 from remote_worker.decoding.comparison import Comparison, Method, PromptRun, Settings, methods_for, run_prompt
 from remote_worker.decoding.compiled import CompiledRounds, compile_rounds, wanted
 from remote_worker.decoding.divergence import Divergence
-from remote_worker.decoding.node_cost import NodeCosts, measure_node_costs, metric_steps, node_cost_sizes
+from remote_worker.decoding.loop import prefill
+from remote_worker.decoding.node_cost import NodeCosts, NodeCostSampler, context_tokens, metric_steps, node_cost_sizes
 from remote_worker.decoding.tree_limits import beyond_draft
 from remote_worker.decoding.tree_memory import budget_problem, free_bytes
 from remote_worker.events import EventLog
@@ -122,7 +123,7 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     passes = f" × {settings.repeats} repeats" if settings.repeats > 1 else ""
     log.progress("setup", 2, 2, f"{len(prompts)} prompts × {len(methods)} methods{passes}")
     compiled = _compiled_rounds(spec, log, target, drafter, methods, encoded, settings)
-    node_costs = _node_costs(spec, log, target, drafter, encoded, settings, budgets)
+    slices = NodeCostSlices.of(spec, target, drafter, len(prompts), settings, budgets)
     context = _job_context(spec, target, prompts)
     for method in methods:
         params = {**context, **_method_params(method, drafter.block_size, settings, len(prompts), compiled is not None)}
@@ -145,6 +146,8 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
             rounds, prefiller = (compiled.rounds, compiled.prefiller) if compiled is not None else (None, None)
             run = run_prompt(target, drafter, ids, methods, settings, index, announce, rounds, prefiller)
             divergences = comparison.add(run)
+            if slices is not None:
+                slices.after(index, ids, log)
             for scope, profile in profiles.items():
                 profile.add(run.first(scope).accepted_ranks)
             for scope, curve in curves.items():
@@ -154,6 +157,7 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
             generations.flush()
     log.progress("decode", total, total, "done")
     summary = comparison.metrics()
+    node_costs = slices.costs() if slices is not None else None
     costs: dict[str, float] = {}
     if compiled is not None:
         for scope, seconds in compiled.compile_seconds.items():
@@ -197,36 +201,55 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     return lines
 
 
-def _node_costs(
-    spec: Spec,
-    log: EventLog,
-    target: TargetModel,
-    drafter: Any,
-    encoded: list[torch.Tensor],
-    settings: Settings,
-    budgets: list[int],
-) -> NodeCosts | None:
+# Prompts after which the node costs are measured (evenly spaced), at most: enough samples to see the machine
+# as the decodes do, without costing a long prompt set a measurement per prompt.
+NODE_COST_POINTS = 8
+
+
+@dataclass
+class NodeCostSlices:
     """`decode.node_costs`: the round's stages against tree size (`decoding.node_cost`), up to the largest
-    budget's tree, measured before any decode and after the warm-up. The context is where an average round
-    of this run verifies: the mean prompt and half the new tokens. Logged on the job's run as curves
-    (`node_cost.verify_ms` …, step = tree size) once the headline figures are (a run page lists metrics in the
-    order they first came); None when off."""
-    if not spec.decode.get("node_costs", True):
-        return None
-    largest = max(budgets)
-    sizes = node_cost_sizes(largest, cap=largest + 1)  # 1, 2, 4, …, and the largest budget's tree itself
-    repeats = int(spec.decode.get("node_cost_repeats", 5))
-    context = round(statistics.fmean(len(ids) for ids in encoded)) - 1 + settings.max_new_tokens // 2
+    budget's tree, measured in slices after some of the prompts (`after`), each at that prompt's context
+    halfway through its decode (the prompt and half the new tokens), `decode.node_cost_repeats` rounds per
+    size and slice. Slices between the decodes see the machine as the decodes did, where a measurement all
+    before them saw whatever speed the machine had then (`NodeCostSampler`)."""
 
-    def progress(done: int, total: int, what: str) -> None:
-        stop_signal.check()
-        log.progress("node costs", done, total, what)
+    sampler: NodeCostSampler
+    points: set[int]  # prompt indices after which a slice is measured
+    repeats: int
+    half: int  # half the new tokens: where an average round of a decode verifies
 
-    log.progress("node costs", 0, len(sizes), f"{len(sizes)} tree sizes × {repeats} repeats at {context} tokens")
-    costs = measure_node_costs(target, drafter, encoded[0], context, sizes, repeats, progress)
-    if costs.unmeasured:
-        LOG.warning("node costs: tree sizes %s not measured: %s", costs.unmeasured, costs.note)
-    return costs
+    @classmethod
+    def of(
+        cls, spec: Spec, target: TargetModel, drafter: Any, prompts: int, settings: Settings, budgets: list[int]
+    ) -> NodeCostSlices | None:
+        if not spec.decode.get("node_costs", True):
+            return None
+        largest = max(budgets)
+        sizes = node_cost_sizes(largest, cap=largest + 1)  # 1, 2, 4, …, and the largest budget's tree itself
+        points = {round(k * (prompts - 1) / max(NODE_COST_POINTS - 1, 1)) for k in range(NODE_COST_POINTS)}
+        repeats = int(spec.decode.get("node_cost_repeats", 5))
+        return cls(NodeCostSampler(target, drafter, sizes), points, repeats, settings.max_new_tokens // 2)
+
+    def after(self, index: int, ids: torch.Tensor, log: EventLog) -> None:
+        """A slice after prompt `index` (its token ids), when it is one of the points."""
+        if index not in self.points:
+            return
+        sampler = self.sampler
+        slices = sorted(self.points)
+
+        def progress(done: int, total: int, what: str) -> None:
+            stop_signal.check()
+            log.progress("node costs", slices.index(index) * total + done, len(slices) * total, what)
+
+        start = prefill(sampler.target, context_tokens(ids, len(ids) - 1 + self.half), sampler.drafter)
+        sampler.measure(start, self.repeats, warmup=1, progress=progress)
+
+    def costs(self) -> NodeCosts:
+        costs = self.sampler.costs()
+        if costs.unmeasured:
+            LOG.warning("node costs: tree sizes %s not measured: %s", costs.unmeasured, costs.note)
+        return costs
 
 
 def _budget_curve(
