@@ -36,7 +36,7 @@ def _rows(document: dict[str, Any]) -> list[dict[str, float | int | None]]:
 
 def budget_markdown(document: dict[str, Any]) -> list[str]:
     """The section's lines (empty without a curve): a heading that says where the estimate comes from, one
-    column per budget shown, a row per figure, and the prediction's line."""
+    column per budget shown, a row per figure."""
     curve = document.get("budget_curve")
     if not curve:
         return []
@@ -62,9 +62,14 @@ def budget_markdown(document: dict[str, Any]) -> list[str]:
     for name, key, form in figures:
         cells = [form.format(r[key]) if r[key] is not None else "" for r in picked]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    if prediction.get("line"):
-        lines += ["", f"**Budget**: {prediction['line']}."]
     return lines
+
+
+def budget_line(document: dict[str, Any]) -> str:
+    """The worker's recommendation (its terminal line, `prediction.line` in decode_summary.json) as the
+    description's Budget line; empty where the run predicted nothing."""
+    line = (document.get("prediction") or {}).get("line")
+    return f"Budget: {line}." if line else ""
 
 
 def budget_csv(document: dict[str, Any]) -> str | None:

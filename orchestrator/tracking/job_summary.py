@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.tracking.budget_table import budget_csv, budget_markdown
+from orchestrator.tracking.budget_table import budget_csv, budget_line, budget_markdown
 
 # The range beside the median tokens/s is printed at the median's own precision: rounding to one format keeps
 # order, so the median shown always lies inside it (rounded to whole numbers, 8.55–9.2 read "9–9" beside 8.6).
@@ -83,8 +83,9 @@ class JobSummary:
 def summarize(document: dict[str, Any], title: str) -> JobSummary:
     """The description (and summary.md) and the CSV of `decode_summary.json`.
 
-    MLflow 3.17 shows a description collapsed to its first three lines or so, so it leads with the answer
-    and the Best line (how far to trust it), then the table. Its Markdown converter (showdown, GitHub
+    MLflow 3.17 shows a description collapsed to its first three lines or so, so it leads with the answer,
+    the Best line (how far to trust it) and the Budget line (the budget this host should use), then the
+    table, then the budget table. Its Markdown converter (showdown, GitHub
     flavour) reads a table only with a `| --- |` row under the header and a blank line before and after."""
     methods = document.get("methods") or []
     columns = [c for c in COLUMNS if any(_cell(m, c[1], c[2]) for m in methods)]
@@ -94,6 +95,9 @@ def summarize(document: dict[str, Any], title: str) -> JobSummary:
     best = best_line(methods, document.get("best") or {})
     if best:
         lines += [best, ""]
+    budget = budget_line(document)
+    if budget:
+        lines += [budget, ""]
     lines += [f"**{title}**", ""]
     lines += ["| method | " + " | ".join(c[0] for c in columns) + " |", "|" + " --- |" * (len(columns) + 1)]
     for method in methods:

@@ -66,13 +66,13 @@ def plot_decode_summary(summary_file: Path, out_dir: Path) -> list[Path]:
     fig.tight_layout()
     figures.append(save_figure(fig, out_dir / "acceptance_length_hist.png"))
     if summary.get("budget_curve"):
-        figures.append(plot_budget_curve(summary, out_dir / "budget_curve.png"))
+        figures.append(save_figure(draw_budget_curve(summary), out_dir / "budget_curve.png"))
     if any((p or {}).get("rounds") for p in (summary.get("acceptance_profiles") or {}).values()):
-        figures.append(plot_acceptance_profiles(summary, out_dir / "acceptance_depth_rank.png"))
+        figures.append(save_figure(draw_acceptance_profiles(summary), out_dir / "acceptance_depth_rank.png"))
     return figures
 
 
-def plot_budget_curve(summary: dict, path: Path) -> Path:
+def draw_budget_curve(summary: dict) -> plt.Figure:
     """Left: tau at every budget, estimated from the largest budget's decode, with the tau each real decode
     measured (its 95 % interval over prompts where it has one). Right, where the run measured its node costs:
     tokens/s predicted at every budget beside the measured tokens/s, AR and DFlash as reference lines, the
@@ -104,7 +104,7 @@ def plot_budget_curve(summary: dict, path: Path) -> Path:
         if "ar" in reference:
             axis.axhline(reference["ar"]["tokens_per_s"], linestyle=":", color="grey", label="AR, measured")
         if prediction.get("ar_predicted_tokens_per_s"):
-            axis.axhline(prediction["ar_predicted_tokens_per_s"], linestyle=":", color="black", alpha=0.5,
+            axis.axhline(prediction["ar_predicted_tokens_per_s"], linestyle="-.", color="grey", alpha=0.6,
                          label="AR, predicted")  # fmt: skip
         if "dflash" in reference:
             dflash = reference["dflash"]["tokens_per_s"]
@@ -118,28 +118,31 @@ def plot_budget_curve(summary: dict, path: Path) -> Path:
         axis.legend(fontsize="small", loc="best")
     fig.suptitle(f"DDTree budgets · {_context(summary)}", fontsize="medium")
     fig.tight_layout()
-    return save_figure(fig, path)
+    return fig
 
 
 def _measured_points(axis: plt.Axes, trees: list[dict], key: str, label: str) -> None:
-    """The real decodes' figures at their budgets, with their 95 % interval over prompts where they have one."""
+    """The real decodes' figures at their budgets, with their 95 % interval over prompts where they have one
+    (tau), else the range over the passes where there were several (tokens/s)."""
     if not trees:
         return
     budgets, values = [m["tree_budget"] for m in trees], [m[key] for m in trees]
-    low, high = f"{key}_ci_low", f"{key}_ci_high"
-    if all(low in m and high in m for m in trees):
-        errors = [[m[key] - m[low] for m in trees], [m[high] - m[key] for m in trees]]
-        axis.errorbar(budgets, values, yerr=errors, fmt="o", capsize=3, color="tab:green",
-                      label=f"{label} (95 % interval over prompts)")  # fmt: skip
-    else:
-        axis.plot(budgets, values, "o", color="tab:green", label=label)
+    for low, high, what in ((f"{key}_ci_low", f"{key}_ci_high", "95 % interval over prompts"),
+                            (f"{key}_min", f"{key}_max", "range over passes")):  # fmt: skip
+        if all(low in m and high in m for m in trees) and any(m[low] != m[high] for m in trees):
+            errors = [[m[key] - m[low] for m in trees], [m[high] - m[key] for m in trees]]
+            axis.errorbar(budgets, values, yerr=errors, fmt="o", capsize=3, color="tab:green",
+                          label=f"{label} ({what})")  # fmt: skip
+            return
+    axis.plot(budgets, values, "o", color="tab:green", label=label)
 
 
-# Ranks past this are summed into the last column of the heatmap ("≥ 8"): the draft's later choices are rare.
+# Ranks from this one on are summed into the last column of the heatmap ("≥7"): the draft's later choices are rare.
 HEATMAP_RANKS = 8
+HEATMAP_COLUMNS = 3  # panels per row: a page shows the figure at its width, six panels in a row are unreadable
 
 
-def plot_acceptance_profiles(summary: dict, path: Path) -> Path:
+def draw_acceptance_profiles(summary: dict) -> plt.Figure:
     """Per drafting method, a depth × rank heatmap: the share of rounds whose accepted path took the draft's
     rank-r candidate at depth d, written in every cell of 1 % or more. A row sums to the share of rounds that
     reach that depth (beside the depth). Mass in rank 0 fading with depth asks for a deeper tree; mass past
@@ -148,10 +151,15 @@ def plot_acceptance_profiles(summary: dict, path: Path) -> Path:
 
     profiles = {scope: p for scope, p in summary["acceptance_profiles"].items() if p.get("rounds")}
     depth = max(len(p["counts"]) for p in profiles.values())
-    width = 3.9 * len(profiles) + 1.2
-    fig, axes = plt.subplots(1, len(profiles), figsize=(width, 0.42 * depth + 2.0), squeeze=False, layout="constrained")
+    columns = min(len(profiles), HEATMAP_COLUMNS)
+    rows = -(-len(profiles) // columns)
+    size = (4.0 * columns + 1.2, (0.4 * depth + 1.5) * rows + 0.5)
+    fig, axes = plt.subplots(rows, columns, figsize=size, squeeze=False, layout="constrained")
+    panels = [axis for row in axes for axis in row]
+    for axis in panels[len(profiles) :]:
+        axis.set_visible(False)
     image = None
-    for axis, (scope, profile) in zip(axes[0], profiles.items(), strict=True):
+    for axis, (scope, profile) in zip(panels, profiles.items(), strict=False):
         grid = [[0.0] * HEATMAP_RANKS for _ in range(depth)]
         for d, row in enumerate(profile["counts"]):
             for rank, count in enumerate(row):
@@ -168,11 +176,12 @@ def plot_acceptance_profiles(summary: dict, path: Path) -> Path:
         axis.set_yticks(range(depth), [f"{d + 1} · {share:.0%}" for d, share in enumerate(reach)])
         axis.set_xlabel("draft's rank of the accepted token")
         axis.set_title(f"{method_label(scope)} · {profile['rounds']} rounds", fontsize="small")
-    axes[0][0].set_ylabel("depth · share of rounds reaching it")
+    for row in axes:
+        row[0].set_ylabel("depth · share reaching it")
     if image is not None:
-        fig.colorbar(image, ax=axes[0].tolist(), label="share of rounds (%, in the cells)", fraction=0.03)
+        fig.colorbar(image, ax=panels, label="share of rounds (%, in the cells)", fraction=0.03)
     fig.suptitle(f"Where acceptance comes from · {_context(summary)}", fontsize="medium")
-    return save_figure(fig, path)
+    return fig
 
 
 def _context(summary: dict) -> str:

@@ -1,0 +1,124 @@
+"""The budget section of a job's page as the researcher reads it: the description's Budget line and table, the
+CSV of every budget, the curve and prediction plot (its drawn lines), and the depth × rank heatmap (its cells)."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+import matplotlib.pyplot as plt
+import pytest
+
+from orchestrator.tracking.job_summary import summarize
+from orchestrator.tracking.plots import HEATMAP_RANKS, draw_acceptance_profiles, draw_budget_curve
+
+LINE = "on this host, budget 6 is predicted fastest: ×1.40 vs AR (measured at 4: ×1.20)"
+
+
+def method(scope: str, name: str, budget: int, tau: float, speed: float, speedup: float) -> dict:
+    return {"scope": scope, "method": name, "tree_budget": budget, "tau": tau, "tokens_per_s": speed,
+            "speedup_vs_ar": speedup, "tokens_per_s_min": speed - 5, "tokens_per_s_max": speed + 5}  # fmt: skip
+
+
+def document() -> dict:
+    """A job with DDTree at budgets 4 and 8: tau at every budget from the budget-8 decode, and a prediction."""
+    tau = [1.5, 1.9, 2.2, 2.4, 2.55, 2.65, 2.72, 2.8]
+    predicted = [300.0, 340.0, 360.0, 370.0, 375.0, 378.0, 370.0, 350.0]
+    return {
+        "model": "tiny_trained",
+        "dtype": "float32",
+        "device": "cpu",
+        "temperature": 0.0,
+        "block_size": 8,
+        "methods": [
+            method("ar", "ar", 0, 1.0, 270.0, 1.0),
+            method("dflash", "dflash", 0, 1.7, 260.0, 0.96),
+            method("ddtree_tb4", "ddtree", 4, 2.3, 324.0, 1.2),
+            method("ddtree_tb8", "ddtree", 8, 2.8, 310.0, 1.15),
+        ],
+        "best": {"scope": "ddtree_tb4", "fastest": "ddtree_tb4", "basis": "one pass"},
+        "budget_curve": {
+            "scope": "ddtree_tb8",
+            "budget": 8,
+            "rounds": 120,
+            "tau": tau,
+            "checks": [{"budget": 4, "estimate": 2.4, "measured": 2.3, "error": 2.4 - 2.3}],
+        },
+        "prediction": {
+            "budgets": list(range(1, 9)),
+            "tokens_per_s": predicted,
+            "ar_tokens_per_s": 270.0,
+            "ar_predicted_tokens_per_s": 280.0,
+            "best_budget": 6,
+            "best_tokens_per_s": 378.0,
+            "best_speedup_vs_ar": 1.4,
+            "compiled": False,
+            "line": LINE,
+        },
+        "acceptance_profiles": {
+            "dflash": {"rounds": 10, "counts": [[6], [3], [1]], "reach": [0.6, 0.3, 0.1]},
+            "ddtree_tb8": {"rounds": 10, "counts": [[5, 2, 0, 0, 0, 0, 0, 0, 1, 1], [4, 1]], "reach": [0.9, 0.5]},
+        },
+    }
+
+
+def test_the_description_says_which_budget_to_use_before_the_tables() -> None:
+    lines = summarize(document(), "t").markdown.splitlines()
+    assert lines[2].startswith("Best: **ddtree_tb4**")
+    assert lines[4] == f"Budget: {LINE}."
+    start = next(i for i, line in enumerate(lines) if line.startswith("**tau at every budget**"))
+    assert "120 rounds of ddtree_tb8" in lines[start]
+    header, rule, *rows = lines[start + 2 :]
+    # powers of two, the budgets decoded (4, 8) and the predicted best (6)
+    assert header == "| budget | 1 | 2 | 4 | 6 | 8 |" and rule == "| --- | --- | --- | --- | --- | --- |"
+    assert rows == [
+        "| tau, estimated | 1.50 | 1.90 | 2.40 | 2.65 | 2.80 |",
+        "| tau, measured |  |  | 2.30 |  | 2.80 |",
+        "| estimate − measured |  |  | +0.10 |  | +0.00 |",
+        "| tok/s, predicted | 300 | 340 | 370 | 378 | 350 |",
+        "| tok/s, measured |  |  | 324 |  | 310 |",
+    ]
+
+
+def test_the_budget_csv_has_every_budget() -> None:
+    rows = list(csv.DictReader(io.StringIO(summarize(document(), "t").budget_csv or "")))
+    assert [int(r["budget"]) for r in rows] == list(range(1, 9))
+    assert rows[3]["tau_measured"] == "2.3" and float(rows[3]["tau_error"]) == pytest.approx(0.1)
+    assert rows[4]["tau_measured"] == "" and float(rows[5]["predicted_tokens_per_s"]) == 378.0
+
+
+def test_a_job_without_ddtree_has_no_budget_section() -> None:
+    bare = {**document(), "budget_curve": None, "prediction": None}
+    rendered = summarize(bare, "t")
+    assert "Budget:" not in rendered.markdown and "tau at every budget" not in rendered.markdown
+    assert rendered.budget_csv is None
+
+
+def test_the_curve_and_the_prediction_are_drawn_beside_the_measured_points() -> None:
+    summary = document()
+    fig = draw_budget_curve(summary)
+    left, right = fig.axes[:2]
+    curve = next(line for line in left.get_lines() if line.get_label().startswith("estimated from DDTree 8"))
+    assert list(curve.get_xdata()) == list(range(1, 9)) and list(curve.get_ydata()) == summary["budget_curve"]["tau"]
+    predicted = next(line for line in right.get_lines() if line.get_label().startswith("predicted ("))
+    assert list(predicted.get_ydata()) == summary["prediction"]["tokens_per_s"]
+    best = next(line for line in right.get_lines() if line.get_label().startswith("predicted best: 6"))
+    assert (list(best.get_xdata()), list(best.get_ydata())) == ([6], [378.0])
+    measured = [line for line in right.get_lines() if line.get_marker() == "o"]
+    assert [list(line.get_xdata()) for line in measured] == [[4, 8]]  # the real decodes, with their range
+    assert [list(line.get_ydata()) for line in measured] == [[324.0, 310.0]]
+    labels = {text.get_text() for text in right.get_legend().get_texts()}
+    assert {"AR, measured", "AR, predicted", "DFlash, measured", "measured (range over passes)"} <= labels
+    plt.close(fig)
+
+
+def test_the_heatmap_cells_are_each_depth_and_rank_share_of_rounds() -> None:
+    fig = draw_acceptance_profiles(document())
+    panels = [axis for axis in fig.axes if axis.get_images()]
+    assert [axis.get_title() for axis in panels] == ["DFlash · 10 rounds", "DDTree 8 · 10 rounds"]
+    grid = panels[1].get_images()[0].get_array()
+    assert grid.shape == (3, HEATMAP_RANKS)  # the deepest method's depths, ranks 0–6 and "≥7"
+    assert list(grid[0]) == pytest.approx([0.5, 0.2, 0, 0, 0, 0, 0, 0.2])  # ranks 8 and 9 summed into ≥7
+    assert list(grid[1][:2]) == pytest.approx([0.4, 0.1]) and list(grid[2]) == [0] * HEATMAP_RANKS
+    assert [tick.get_text() for tick in panels[1].get_yticklabels()] == ["1 · 90%", "2 · 50%", "3 · 0%"]
+    plt.close(fig)
