@@ -87,7 +87,9 @@ def encode_all(
     return encoded
 
 
-def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
+def load_pair(spec: Spec, log: EventLog) -> tuple[Any, TargetModel, Any]:
+    """The target (the transformers model and its wrapper) and its drafter, the layout's params logged (a
+    warning when no tested model shares it), `decode.block_size` applied to the drafter."""
     log.progress("setup", 0, 2, f"loading {spec.model.name} and its draft")
     started = time.perf_counter()
     model = load_model(spec.model, spec.seed)
@@ -103,6 +105,11 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
         LOG.warning("%s", uncovered)
     if spec.decode.get("block_size"):
         drafter.block_size = int(spec.decode["block_size"])
+    return model, target, drafter
+
+
+def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
+    model, target, drafter = load_pair(spec, log)
     tokenizer = load_tokenizer(spec.model)
     settings = Settings(
         max_new_tokens=int(spec.decode.get("max_new_tokens", 64)),

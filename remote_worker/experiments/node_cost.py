@@ -24,9 +24,8 @@ from remote_worker.decoding.node_cost import (
 )
 from remote_worker.decoding.tree_memory import budget_problem, free_bytes
 from remote_worker.events import EventLog
-from remote_worker.experiments.ddtree_gdn import prompt_source
-from remote_worker.models.layout import layout_params
-from remote_worker.models.loading import context_length, load_drafter, load_model, load_tokenizer
+from remote_worker.experiments.ddtree_gdn import load_pair, prompt_source
+from remote_worker.models.loading import context_length, load_tokenizer
 from remote_worker.models.target import TargetModel
 from remote_worker.prompt_set import load_prompt_file
 from remote_worker.prompts import encode
@@ -38,16 +37,7 @@ DEFAULTS = {"context": 256, "max_size": 256, "repeats": 10}
 
 
 def run_node_cost(spec: Spec, log: EventLog) -> dict[str, str]:
-    log.progress("setup", 0, 2, f"loading {spec.model.name} and its draft")
-    model = load_model(spec.model, spec.seed)
-    target = TargetModel(model)
-    drafter = load_drafter(spec.model, spec.seed, model)
-    params, uncovered = layout_params(model, drafter.config.to_dict(), spec.model.source == "pretrained")
-    log.emit("params", params)
-    if uncovered:
-        LOG.warning("%s", uncovered)
-    if spec.decode.get("block_size"):
-        drafter.block_size = int(spec.decode["block_size"])
+    _model, target, drafter = load_pair(spec, log)
     prompt = load_prompt_file(prompt_source(spec), 1)[0]
     ids = encode(prompt, load_tokenizer(spec.model), target.embed.num_embeddings)
     setting = spec.experiment.get("context", DEFAULTS["context"])
