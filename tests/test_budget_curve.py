@@ -59,6 +59,21 @@ def test_candidates_rank_equal_logits_by_token_id_whatever_the_width() -> None:
     assert differs, "topk kept one order among ties here: the test no longer shows why the ranking is ours"
 
 
+def test_the_ranking_holds_at_a_real_drafts_shape() -> None:
+    """Qwen3.6-27B-DFlash's shape: 15 drafted positions over its 248,320-token vocabulary, bfloat16 logits
+    (whose ties run to thousands of tokens a row), against a stable sort of every row."""
+    config = json.loads(
+        (Path(__file__).parents[1] / "remote_worker/data/model_configs/Qwen3.6-27B.config.json").read_text()
+    )
+    vocab = config.get("vocab_size") or config["text_config"]["vocab_size"]
+    logits = (torch.randn(15, vocab, generator=torch.Generator().manual_seed(5)) * 3).to(torch.bfloat16).float()
+    order = torch.sort(logits, dim=-1, descending=True, stable=True).indices  # equal logits: lowest id first
+    for width in (64, 256):
+        values, ids = ranked_candidates(logits, width)
+        assert torch.equal(ids, order[:, :width]) and torch.equal(values, logits.gather(-1, ids))
+        assert (values[:, 1:] == values[:, :-1]).sum() > width  # ties within the candidates: the test bites
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_a_budget_b_tree_is_the_first_b_nodes_of_any_larger_budgets_tree(seed: int) -> None:
     """The prefix property, ties included: the same nodes, in the same order, with the same scores and ranks."""
