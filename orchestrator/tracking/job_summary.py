@@ -85,8 +85,8 @@ def summarize(document: dict[str, Any], title: str) -> JobSummary:
 
     MLflow 3.17 shows a description collapsed to its first three lines or so, so it leads with the answer,
     the Best line (how far to trust it) and the Budget line (the budget this host should use), then the
-    table, then the budget table. Its Markdown converter (showdown, GitHub
-    flavour) reads a table only with a `| --- |` row under the header and a blank line before and after."""
+    table, then the budget table. Its Markdown converter (showdown, GitHub flavour) reads a table only with
+    a `| --- |` row under the header and a blank line before and after."""
     methods = document.get("methods") or []
     columns = [c for c in COLUMNS if any(_cell(m, c[1], c[2]) for m in methods)]
     if not any(_has(m, RANGE) and m[RANGE[0]] != m[RANGE[1]] for m in methods):
