@@ -287,3 +287,17 @@ def test_one_run_at_budget_64_tells_tau_at_16_and_32_within_the_margin(tmp_path:
     profile = summary["acceptance_profiles"]["ddtree_tb64"]
     assert profile["rounds"] == curve["rounds"] and profile["reach"][0] <= 1
     assert set(summary["acceptance_profiles"]) == {"dflash", "ddtree_tb16", "ddtree_tb32", "ddtree_tb64"}
+
+
+def test_a_prediction_that_cannot_be_made_is_a_warning_not_a_failed_run(caplog: pytest.LogCaptureFixture) -> None:
+    """At the end of a decode every figure is in hand: a prediction the costs cannot make (here AR's measured
+    speed is 0) leaves them all to be logged, with a warning that says why."""
+    from remote_worker.decoding.comparison import methods_for
+    from remote_worker.experiments.ddtree_gdn import _predict
+
+    methods = methods_for([4])
+    summary = {"ar": {"tokens_per_s": 0.0}, "ddtree_tb4": {"tokens_per_s": 10.0, "speedup_vs_ar": 0.0}}
+    curve = {"tau": [1.5, 2.0, 2.2, 2.3]}
+    with caplog.at_level("WARNING"):
+        assert _predict(methods, curve, costs([2.0, 4.0], [1, 5]), summary, compiled=False) is None
+    assert "no predicted budget: AR's measured speed must be positive, not 0.0" in caplog.text

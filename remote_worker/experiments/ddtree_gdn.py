@@ -280,7 +280,8 @@ def _predict(
     summary: dict[str, dict[str, float]],
     compiled: bool,
 ) -> Prediction | None:
-    """tokens/s predicted at every budget (`budget_choice`); None without both a curve and the node costs."""
+    """tokens/s predicted at every budget (`budget_choice`); None without both a curve and the node costs, or
+    where they cannot predict (a warning says why: the decode's own figures are not to be lost to it)."""
     if curve is None or costs is None:
         return None
     measured = [
@@ -288,7 +289,11 @@ def _predict(
         for m in methods
         if m.name == "ddtree"
     ]
-    return predict(curve["tau"], costs, summary["ar"]["tokens_per_s"], measured, compiled)
+    try:
+        return predict(curve["tau"], costs, summary[methods[0].scope]["tokens_per_s"], measured, compiled)
+    except ValueError as exc:
+        LOG.warning("no predicted budget: %s", exc)
+        return None
 
 
 def _predicted_best(prediction: Prediction | None) -> dict[str, float]:
