@@ -26,7 +26,9 @@ queued it):
 
 Why whole rounds, not each stage called alone in a loop: measured alone, a stage finds its weights and
 inputs in the CPU's caches, where in a decode the other stages have just evicted them; on the trained tiny
-pair the isolated figures were 10–40 % below the decode's own per-stage times. In a round they match them.
+pair the isolated figures were 10–40 % below the decode's own per-stage times; timed in rounds they come
+within about 10 % of them (the verify of a mid-size tree the furthest). A `NodeCostSampler` gathers rounds
+from several states (the decode experiment measures a slice after some of its prompts) into one figure.
 What the round does outside the four stages (walking the tree for the accepted path, emitting tokens, the
 loop's own Python) is in no stage and so not in `round_ms`.
 
