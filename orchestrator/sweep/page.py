@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from orchestrator.sweep.rows import INTERVALS, Row, short_names, varying_keys
+from orchestrator.tracking.job_summary import SPEEDUP_CI, TAU_CI, VS_DFLASH, cell
 
 # The per-method figures each job contributes to the parent's metrics: `job3.ddtree_tb32.speedup_vs_ar`, and
 # where the method has them the 95 % intervals over prompts (`job3.ddtree_tb32.tau_ci_low`, …).
@@ -21,14 +22,14 @@ FIGURES = (("tau", "tau", "{:.2f}"), ("×AR", "speedup_vs_ar", "×{:.2f}"), ("to
 # The description's columns for the intervals over prompts and DDTree over DFlash, each after the figure it
 # belongs to (by Row field) and only where some row has it; the terminal's table keeps to its 80 columns.
 # (header, Row fields, format); a "vs DFlash" without its interval (one prompt) shows the ratio alone.
+# The cells are the job page's (`job_summary.cell`), keys and formats alike.
 INTERVAL_COLUMNS = {
-    "tau": (("tau 95% CI", ("tau_ci_low", "tau_ci_high"), "{:.2f}–{:.2f}"),),
+    "tau": (("tau 95% CI", TAU_CI, "{:.2f}–{:.2f}"),),
     "speedup_vs_ar": (
-        ("×AR 95% CI", ("speedup_vs_ar_ci_low", "speedup_vs_ar_ci_high"), "×{:.2f}–{:.2f}"),
-        ("vs DFlash", ("speedup_vs_dflash", "speedup_vs_dflash_ci_low", "speedup_vs_dflash_ci_high"),
-         "×{:.2f} ({:.2f}–{:.2f})"),
+        ("×AR 95% CI", SPEEDUP_CI, "×{:.2f}–{:.2f}"),
+        ("vs DFlash", VS_DFLASH, "×{:.2f} ({:.2f}–{:.2f})"),
     ),
-}  # fmt: skip
+}
 
 
 def figure_cells(row: Row) -> list[str]:
@@ -37,12 +38,9 @@ def figure_cells(row: Row) -> list[str]:
 
 
 def interval_cell(row: Row, keys: tuple[str, ...], form: str) -> str:
-    """An interval column's cell: blank where the row has none (AR, one prompt), the ratio alone for a
-    `vs DFlash` without its interval."""
-    values = [getattr(row, key) for key in keys]
-    if None not in values:
-        return form.format(*values)
-    return f"×{values[0]:.2f}" if keys[0] == "speedup_vs_dflash" and values[0] is not None else ""
+    """An interval column's cell as the job page writes it: blank where the row has none (AR, one prompt),
+    the ratio alone for a `vs DFlash` without its interval."""
+    return cell(vars(row), keys, form)
 
 
 def description_columns(rows: list[Row]) -> list[tuple[str, Callable[[Row], str]]]:

@@ -88,7 +88,7 @@ def summarize(document: dict[str, Any], title: str) -> JobSummary:
     table, then the budget table. Its Markdown converter (showdown, GitHub flavour) reads a table only with
     a `| --- |` row under the header and a blank line before and after."""
     methods = document.get("methods") or []
-    columns = [c for c in COLUMNS if any(_cell(m, c[1], c[2]) for m in methods)]
+    columns = [c for c in COLUMNS if any(cell(m, c[1], c[2]) for m in methods)]
     if not any(_has(m, RANGE) and m[RANGE[0]] != m[RANGE[1]] for m in methods):
         columns = [c for c in columns if c[1] != RANGE]  # one pass: no spread to show ("294.7–294.7")
     lines = [answer(methods), ""]
@@ -101,7 +101,7 @@ def summarize(document: dict[str, Any], title: str) -> JobSummary:
     lines += [f"**{title}**", ""]
     lines += ["| method | " + " | ".join(c[0] for c in columns) + " |", "|" + " --- |" * (len(columns) + 1)]
     for method in methods:
-        cells = [_cell(method, key, form) for _name, key, form in columns]
+        cells = [cell(method, key, form) for _name, key, form in columns]
         lines.append(f"| {method.get('scope', '?')} | " + " | ".join(cells) + " |")
     section = budget_markdown(document)
     if section:
@@ -171,7 +171,10 @@ def _has(method: dict[str, Any], key: str | tuple[str, ...]) -> bool:
     return all(isinstance(method.get(k), (int, float)) for k in keys)
 
 
-def _cell(method: dict[str, Any], key: str | tuple[str, ...], form: str) -> str:
+def cell(method: dict[str, Any], key: str | tuple[str, ...], form: str) -> str:
+    """A table cell of a method's figures (`key`: one metric or several, for `form`): blank where the method
+    lacks them, `SHORTER`'s form where it has only the first (DDTree over DFlash without its interval). The
+    sweep's description formats its interval columns with it too."""
     if not _has(method, key) and key in SHORTER:
         key, form = SHORTER[key]
     if not _has(method, key):
