@@ -18,11 +18,11 @@ import torch
 
 from bench.decode_figures import _load, _spec
 from orchestrator.config.prompts import resolve_prompts
-from remote_worker.decoding.budget_choice import Measured, predict
-from remote_worker.decoding.budget_curve import BudgetCurve, compare, curve_record
+from remote_worker.decoding.budget_curve import BudgetCurve
 from remote_worker.decoding.comparison import Comparison, Settings, methods_for, run_prompt
 from remote_worker.decoding.loop import prefill
 from remote_worker.decoding.node_cost import NodeCostSampler, context_tokens, node_cost_sizes
+from remote_worker.experiments.ddtree_gdn import budget_curve_record, predict_budget
 from remote_worker.models.loading import model_prompts
 from remote_worker.prompt_set import load_prompt_file
 from remote_worker.prompts import encode
@@ -58,9 +58,10 @@ def budget_figures(
     costs = sampler.costs()
     metrics = comparison.metrics()
     trees = [m for m in methods if m.name == "ddtree"]
-    checks = compare(curve, {m.budget: metrics[m.scope]["tau"] for m in trees if m.budget != largest})
-    measured = [Measured(m.budget, metrics[m.scope]["tokens_per_s"], metrics[m.scope]["speedup_vs_ar"]) for m in trees]
-    prediction = predict(curve.tau(), costs, metrics["ar"]["tokens_per_s"], measured)
+    record = budget_curve_record(methods, {f"ddtree_tb{largest}": curve}, metrics)  # as experiment=ddtree_gdn
+    prediction = predict_budget(methods, record, costs, metrics, compiled=False)
+    if record is None or prediction is None:
+        raise RuntimeError("the budget section needs DDTree decodes and a prediction (see the warning above)")
     return {
         "model": name,
         "prompts": f"{prompts or 'held-out'} (first {len(ids)})",
@@ -70,7 +71,7 @@ def budget_figures(
         "cost_repeats": COST_REPEATS,
         "rounds": curve.rounds,
         "tau_at_budget": curve.tau(),
-        "checks": curve_record(f"ddtree_tb{largest}", curve, checks)["checks"],
+        "checks": record["checks"],
         "prediction": prediction.as_record(),
         "measured": {m.budget: {k: metrics[m.scope][k] for k in FIGURES} for m in trees},
         "ar_tokens_per_s": metrics["ar"]["tokens_per_s"],

@@ -293,11 +293,11 @@ def test_a_prediction_that_cannot_be_made_is_a_warning_not_a_failed_run(caplog: 
     """At the end of a decode every figure is in hand: a prediction the costs cannot make (here AR's measured
     speed is 0) leaves them all to be logged, with a warning that says why."""
     from remote_worker.decoding.comparison import methods_for
-    from remote_worker.experiments.ddtree_gdn import _predict
+    from remote_worker.experiments.ddtree_gdn import predict_budget
 
     methods = methods_for([4])
     summary = {"ar": {"tokens_per_s": 0.0}, "ddtree_tb4": {"tokens_per_s": 10.0, "speedup_vs_ar": 0.0}}
     curve = {"tau": [1.5, 2.0, 2.2, 2.3]}
     with caplog.at_level("WARNING"):
-        assert _predict(methods, curve, costs([2.0, 4.0], [1, 5]), summary, compiled=False) is None
+        assert predict_budget(methods, curve, costs([2.0, 4.0], [1, 5]), summary, compiled=False) is None
     assert "no predicted budget: AR's measured speed must be positive, not 0.0" in caplog.text

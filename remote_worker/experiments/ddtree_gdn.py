@@ -178,8 +178,8 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
         }
         if recompiles:
             LOG.warning("decode.compile: %d graphs were compiled again after the warm-up (a shape changed)", recompiles)
-    curve = _budget_curve(methods, curves, summary)
-    prediction = _predict(methods, curve, node_costs, summary, compiled is not None)
+    curve = budget_curve_record(methods, curves, summary)
+    prediction = predict_budget(methods, curve, node_costs, summary, compiled is not None)
     # A run page lists metrics in the order they were first logged (see HEADLINE_FIRST): the answer first.
     headline, verdict = headline_metrics(summary)
     best = {key: value for key, value in headline.items() if key.startswith("best.")}
@@ -259,7 +259,7 @@ class NodeCostSlices:
         return costs
 
 
-def _budget_curve(
+def budget_curve_record(
     methods: list[Method], curves: dict[str, BudgetCurve], summary: dict[str, dict[str, float]]
 ) -> dict[str, Any] | None:
     """tau at every budget from the largest budget's decode (`budget_curve`), checked against the run's real
@@ -273,7 +273,7 @@ def _budget_curve(
     return curve_record(largest.scope, curve, checks)
 
 
-def _predict(
+def predict_budget(
     methods: list[Method],
     curve: dict[str, Any] | None,
     costs: NodeCosts | None,
