@@ -13,8 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from remote_worker.cache.gdn_math import tree_conv, tree_delta_rule
-from remote_worker.cache.hybrid_cache import GDNPending, HybridCache, compute_dtype
-from remote_worker.cache.tree_context import TreeContext
+from remote_worker.cache.hybrid_cache import GDNPending, compute_dtype
 from remote_worker.models.fusion import FusedLinear
 from remote_worker.models.norms import FastGatedRMSNorm, FastRMSNorm, cast
 
@@ -81,8 +80,19 @@ class AttentionMixer:
         self.o_proj = FusedLinear(module.o_proj)
         self.scaling = module.scaling
 
-    def __call__(self, x: torch.Tensor, ctx: TreeContext, cache: HybridCache) -> torch.Tensor:
-        """x: [n, hidden] → [n, hidden]."""
+    def __call__(
+        self,
+        x: torch.Tensor,
+        buffer: torch.Tensor,
+        rope_tables: tuple[torch.Tensor, ...],
+        attention_bias: torch.Tensor,
+        slots: torch.Tensor | None,
+        committed: int | None,
+    ) -> torch.Tensor:
+        """x: [n, hidden] → [n, hidden]. buffer: this layer's K/V [2, kv_heads, capacity, d], written in place;
+        the tree's K/V go just past the `committed` tokens, or (a fixed-shape round) to `slots` [n]. Every
+        input is a tensor or a number the same for every layer, so a compiled round traces it once
+        (`blocks`)."""
         n, d = x.shape[0], self.head_dim
         projected, key, value = self.qkv(x)
         gate = None
@@ -91,24 +101,22 @@ class AttentionMixer:
             gate = gate.reshape(n, -1)
         else:
             query = projected.view(n, self.heads, d)
-        assert ctx.rope is not None
-        query = rope(self.q_norm(query), ctx.rope)  # [n, heads, d]
-        key = rope(self.k_norm(key.view(n, -1, d)), ctx.rope)  # [n, kv_heads, d]
-        buffer = cache.attention_buffer(self.slot)  # [2, kv_heads, capacity, d]
-        if ctx.slots is None:  # the tree's K/V just past the committed tokens; attention reads up to them
-            assert ctx.committed is not None
-            start, end = ctx.committed, ctx.committed + n
+        query = rope(self.q_norm(query), rope_tables)  # [n, heads, d]
+        key = rope(self.k_norm(key.view(n, -1, d)), rope_tables)  # [n, kv_heads, d]
+        if slots is None:  # the tree's K/V just past the committed tokens; attention reads up to them
+            assert committed is not None
+            start, end = committed, committed + n
             buffer[0, :, start:end] = key.transpose(0, 1)
             buffer[1, :, start:end] = value.view(n, -1, d).transpose(0, 1)
         else:  # fixed shapes: the same slots, chosen on the device; attention reads the whole buffer, masked
             end = buffer.shape[2]
-            buffer[0].index_copy_(1, ctx.slots, key.transpose(0, 1))
-            buffer[1].index_copy_(1, ctx.slots, value.view(n, -1, d).transpose(0, 1))
+            buffer[0].index_copy_(1, slots, key.transpose(0, 1))
+            buffer[1].index_copy_(1, slots, value.view(n, -1, d).transpose(0, 1))
         out = F.scaled_dot_product_attention(
             query.transpose(0, 1)[None],
             buffer[None, 0, :, :end],
             buffer[None, 1, :, :end],
-            attn_mask=ctx.attention_bias,
+            attn_mask=attention_bias,
             scale=self.scaling,
             enable_gqa=True,
         )  # [1, heads, n, d]
@@ -155,20 +163,30 @@ class GDNMixer:
         inputs, z, b, a = self.projections(x)
         return inputs, z.reshape(n, -1, module.head_v_dim), b, a
 
-    def __call__(self, x: torch.Tensor, ctx: TreeContext, cache: HybridCache) -> torch.Tensor:
+    def __call__(
+        self,
+        x: torch.Tensor,
+        conv_state: torch.Tensor,
+        state: torch.Tensor,
+        windows: torch.Tensor,
+        mask: torch.Tensor,
+        ancestors: torch.Tensor,
+        decay_bias: torch.Tensor,
+    ) -> tuple[torch.Tensor, GDNPending]:
+        """x: [n, hidden] → ([n, hidden], what commit needs). conv_state [kernel-1, conv_dim] and state
+        [Hk, r, d_k, d_v] are this layer's committed state, read only; windows [n, kernel] and the masks are
+        the round's (`TreeContext`). A pure function of tensors: a compiled round traces it once (`blocks`)."""
         n, cd = x.shape[0], self.compute
         hk, hv, dk, dv = self.heads
         inputs, z, b, a = self._projections(x)
-        conv_state, state = cache.gdn_state(self.slot)
-        mixed, extended = tree_conv(inputs, conv_state, self.conv_weight, self.conv_bias, ctx.conv_windows(self.kernel))
+        mixed, extended = tree_conv(inputs, conv_state, self.conv_weight, self.conv_bias, windows)
         qk = l2norm(cast(mixed[:, : 2 * self.key_dim].unflatten(-1, (2 * hk, dk)), cd))  # [n, 2·Hk, d_k]
         query = (qk[:, :hk] * self.scale).transpose(0, 1)  # [Hk, n, d_k]
         key = qk[:, hk:].transpose(0, 1)
         value = cast(mixed[:, 2 * self.key_dim :].unflatten(-1, (hv, dv)), cd).transpose(0, 1)  # [Hv, n, d_v]
         beta = cast(b, cd).sigmoid().t()  # [Hv, n]
         g = (self.neg_rate * F.softplus(cast(a, cd) + self.dt_bias)).t()
-        result = tree_delta_rule(query, key, value, g, beta, state, ctx.mask, ctx.ancestors, ctx.decay_bias)
-        cache.pending[self.slot] = GDNPending(extended=extended, keys=key, result=result)
+        result = tree_delta_rule(query, key, value, g, beta, state, mask, ancestors, decay_bias)
         out = cast(result.out.transpose(0, 1), x.dtype)  # [n, Hv, d_v]
         out = self.norm(out.reshape(-1, dv), z.reshape(-1, dv))
-        return self.out_proj(out.reshape(n, -1))[0]
+        return self.out_proj(out.reshape(n, -1))[0], GDNPending(extended=extended, keys=key, result=result)

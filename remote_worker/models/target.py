@@ -17,6 +17,7 @@ from transformers import PreTrainedModel
 from remote_worker.cache.hybrid_cache import CacheLayout, HybridCache
 from remote_worker.cache.tree import Tree
 from remote_worker.cache.tree_context import TreeContext
+from remote_worker.models.blocks import decoder_block
 from remote_worker.models.fusion import GatedMLP
 from remote_worker.models.mixers import AttentionMixer, GDNMixer, RotaryTables
 from remote_worker.models.norms import FastRMSNorm
@@ -78,6 +79,7 @@ class TargetModel:
         ]
         self.final_norm = FastRMSNorm(self.norm)
         self.mlps = [GatedMLP(layer.mlp) for layer in self.layers]
+        self.blocks = [decoder_block(*parts) for parts in zip(self.mixers, self.mlps, self.norms, strict=True)]
 
     @property
     def num_layers(self) -> int:
@@ -156,9 +158,8 @@ class TargetModel:
     def _layers(self, h: torch.Tensor, ctx: TreeContext, cache: HybridCache) -> list[torch.Tensor]:
         """h [n, hidden] through every decoder layer: the hidden states from the embeddings' (index 0) on."""
         states = [h]
-        for mixer, mlp, (pre_norm, post_norm) in zip(self.mixers, self.mlps, self.norms, strict=True):
-            h = h + mixer(pre_norm(h), ctx, cache)
-            h = h + mlp(post_norm(h))
+        for block in self.blocks:
+            h = block.run(h, ctx, cache)
             states.append(h)
         return states
 
