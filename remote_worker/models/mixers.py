@@ -80,19 +80,11 @@ class AttentionMixer:
         self.o_proj = FusedLinear(module.o_proj)
         self.scaling = module.scaling
 
-    def __call__(
-        self,
-        x: torch.Tensor,
-        buffer: torch.Tensor,
-        rope_tables: tuple[torch.Tensor, ...],
-        attention_bias: torch.Tensor,
-        slots: torch.Tensor | None,
-        committed: int | None,
-    ) -> torch.Tensor:
-        """x: [n, hidden] → [n, hidden]. buffer: this layer's K/V [2, kv_heads, capacity, d], written in place;
-        the tree's K/V go just past the `committed` tokens, or (a fixed-shape round) to `slots` [n]. Every
-        input is a tensor or a number the same for every layer, so a compiled round traces it once
-        (`blocks`)."""
+    def project(
+        self, x: torch.Tensor, rope_tables: tuple[torch.Tensor, ...]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """x: [n, hidden] → query [n, heads, d], key and value [kv_heads, n, d], and the output gate [n, heads·d]
+        (None for ungated attention), normed and rotated."""
         n, d = x.shape[0], self.head_dim
         projected, key, value = self.qkv(x)
         gate = None
@@ -103,27 +95,55 @@ class AttentionMixer:
             query = projected.view(n, self.heads, d)
         query = rope(self.q_norm(query), rope_tables)  # [n, heads, d]
         key = rope(self.k_norm(key.view(n, -1, d)), rope_tables)  # [n, kv_heads, d]
-        if slots is None:  # the tree's K/V just past the committed tokens; attention reads up to them
+        return query, key.transpose(0, 1), value.view(n, -1, d).transpose(0, 1), gate
+
+    @staticmethod
+    def write(
+        buffer: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor | None, committed: int | None
+    ) -> int:
+        """The tree's K/V [kv_heads, n, d] into this layer's buffer [2, kv_heads, capacity, d], in place: just
+        past the `committed` tokens, or (a fixed-shape round) to `slots` [n], chosen on the device. Returns
+        how many of the buffer's positions attention reads: up to the tree, or (fixed shapes) all, masked."""
+        if slots is None:
             assert committed is not None
-            start, end = committed, committed + n
-            buffer[0, :, start:end] = key.transpose(0, 1)
-            buffer[1, :, start:end] = value.view(n, -1, d).transpose(0, 1)
-        else:  # fixed shapes: the same slots, chosen on the device; attention reads the whole buffer, masked
-            end = buffer.shape[2]
-            buffer[0].index_copy_(1, slots, key.transpose(0, 1))
-            buffer[1].index_copy_(1, slots, value.view(n, -1, d).transpose(0, 1))
+            end = committed + key.shape[1]
+            buffer[0, :, committed:end] = key
+            buffer[1, :, committed:end] = value
+            return end
+        buffer[0].index_copy_(1, slots, key)
+        buffer[1].index_copy_(1, slots, value)
+        return buffer.shape[2]
+
+    def attend(
+        self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, attention_bias: torch.Tensor
+    ) -> torch.Tensor:
+        """query [n, heads, d] over keys, values [kv_heads, positions, d] → [n, heads·d]."""
+        n = query.shape[0]
         out = F.scaled_dot_product_attention(
-            query.transpose(0, 1)[None],
-            buffer[None, 0, :, :end],
-            buffer[None, 1, :, :end],
-            attn_mask=attention_bias,
-            scale=self.scaling,
+            query.transpose(0, 1)[None], keys[None], values[None], attn_mask=attention_bias, scale=self.scaling,
             enable_gqa=True,
-        )  # [1, heads, n, d]
-        out = out[0].transpose(0, 1).reshape(n, -1)
+        )[0]  # fmt: skip
+        return out.transpose(0, 1).reshape(n, -1)
+
+    def output(self, out: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+        """The attention's output [n, heads·d], gated (None: ungated) and projected → [n, hidden]."""
         if gate is not None:
             out = out * torch.sigmoid(gate)
         return self.o_proj(out)[0]
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        buffer: torch.Tensor,
+        rope_tables: tuple[torch.Tensor, ...],
+        attention_bias: torch.Tensor,
+        slots: torch.Tensor | None,
+        committed: int | None,
+    ) -> torch.Tensor:
+        """x: [n, hidden] → [n, hidden], the tree's K/V written into this layer's buffer (`write`) on the way."""
+        query, key, value, gate = self.project(x, rope_tables)
+        end = self.write(buffer, key, value, slots, committed)
+        return self.output(self.attend(query, buffer[0, :, :end], buffer[1, :, :end], attention_bias), gate)
 
 
 class GDNMixer:
