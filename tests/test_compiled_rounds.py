@@ -1,11 +1,15 @@
-"""Compiled fixed-shape rounds on more models: the compiled prefill and DDTree round emit AR's tokens.
+"""Compiled fixed-shape rounds at the real depth: each kind of layer is traced once, however deep the model
+(`remote_worker.models.blocks`), and the compiled prefill and DDTree round emit AR's tokens.
 
-Compiling takes a minute or two per model on a CPU, so these are `slow` tests of `make test` only; the oldest
+Compiling takes a minute or so per model on a CPU, so those are `slow` tests of `make test` only; the oldest
 supported transformers (`make test-compat`) compiles one model, in `tests/test_fixed_round.py`."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
+import torch
 from torch._dynamo.utils import counters
 
 from remote_worker.decoding.fixed_prefill import FixedPrefill
@@ -13,24 +17,81 @@ from remote_worker.decoding.fixed_round import FixedRound
 from remote_worker.decoding.loop import decode, decode_from, fixed_capacity, prefill
 from tests.tiny_models import random_prompt, tiny
 
+pytestmark = pytest.mark.worker
+
+
+def traced_regions(step) -> tuple[Counter, int]:
+    """Trace `step` as a compiled round is traced (fullgraph, fixed shapes; dynamo only, nothing generated):
+    how many times each traced region is called, and how many distinct regions were traced."""
+    graphs = []
+
+    def keep(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    torch._dynamo.reset()
+    torch.compile(step, backend=keep, fullgraph=True, dynamic=False)()
+    (graph,) = graphs
+    calls = [n for n in graph.graph.nodes if n.target is torch.ops.higher_order.invoke_subgraph]
+    return Counter(call.args[1] for call in calls), len({call.args[0].target for call in calls})
+
+
+@pytest.mark.parametrize("case_id", ["Qwen3.6-27B-DFlash", "Qwen3-8B-DFlash-b16"])
+def test_a_round_at_the_published_depth_traces_each_kind_of_layer_once(case_id: str) -> None:
+    """A DDTree round of the full-depth twin (64 layers: 48 GDN + 16 attention; the dense control: 36) calls
+    one traced region per kind of layer — GDN, attention, the drafter's windowed layers — for every layer
+    of that kind: what is compiled does not grow with the depth. (A kind with one layer, the drafter's full
+    layer, is inlined by dynamo: there is nothing to reuse.)"""
+    from tests.test_twins import FULL_CASES, draft_twin, target_twin
+
+    target = target_twin(FULL_CASES[case_id].target.name, "float32", full_depth=True)
+    draft = draft_twin(case_id, "float32", full_depth=True)
+    kinds = Counter(target.kinds)
+    drafter_kinds = Counter((layer.self_attn.is_causal, layer.self_attn.sliding_window) for layer in draft.layers)
+    rounds = FixedRound(target, "ddtree", 256, drafter=draft, budget=8)
+    calls, traced = traced_regions(rounds.step)
+    repeated = [count for count in [*kinds.values(), *drafter_kinds.values()] if count > 1]
+    assert sorted(calls.values()) == sorted(repeated)
+    assert traced == len(calls) == len(repeated)
+    assert target.num_layers == FULL_CASES[case_id].target.config["num_hidden_layers"] >= 36
+
+
+def test_a_prefill_chunk_traces_each_kind_of_layer_once() -> None:
+    from tests.test_twins import draft_twin, target_twin
+
+    target = target_twin("Qwen3.6-27B", "float32", full_depth=True)
+    prefiller = FixedPrefill(target, 256, 16, draft_twin("Qwen3.6-27B-DFlash", "float32", True).feature_layers)
+    prefiller.count.fill_(16)
+    calls, traced = traced_regions(prefiller.step)
+    assert sorted(calls.values()) == [16, 48] and traced == 2
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "name,dtype",
+    "name,dtype,full_depth",
     # tiny_hybrid in float32 is `test_the_compiled_round_is_one_graph_compiled_once`; the Qwen3.6-27B twin has
-    # the real head layout (16 GDN key heads, 48 value heads) and a windowed five-layer drafter
-    [("tiny_hybrid", "float64"), ("tiny_dense", "float32"), ("Qwen3.6-27B-DFlash", "float32")],
+    # the real head layout (16 GDN key heads, 48 value heads), a windowed five-layer drafter and, here, all
+    # 64 layers of the published model
+    [
+        ("tiny_hybrid", "float64", False),
+        ("tiny_dense", "float32", False),
+        ("Qwen3.6-27B-DFlash", "float32", False),
+        ("Qwen3.6-27B-DFlash", "float32", True),
+    ],
 )
-def test_compiled_rounds_emit_ar_tokens(name: str, dtype: str) -> None:
+def test_compiled_rounds_emit_ar_tokens(name: str, dtype: str, full_depth: bool) -> None:
     """The compiled prefill and DDTree round (fullgraph: a break is an error) decode two prompts exactly as AR
-    does; the second compiles nothing."""
+    does; the second compiles nothing. (At the published depth this caught a dropped K/V write: see
+    `FixedPrefill.step`.)"""
+    torch._dynamo.reset()  # a code object's graphs count against dynamo's limit, across this process's tests
     if name.startswith("tiny"):
         target, draft = tiny(name, dtype)
         prompts = [random_prompt(4), random_prompt(11)]
     else:
-        from tests.test_twins import CASES, draft_twin, prompt, target_twin
+        from tests.test_twins import FULL_CASES, draft_twin, prompt, target_twin
 
-        target, draft = target_twin(CASES[name].target.name, dtype), draft_twin(name, dtype)
+        target = target_twin(FULL_CASES[name].target.name, dtype, full_depth)
+        draft = draft_twin(name, dtype, full_depth)
         prompts = [prompt(1, 9), prompt(2, 14)]
     capacity = fixed_capacity(max(p.shape[0] for p in prompts), 10, draft.block_size, 8)
     rounds = FixedRound(target, "ddtree", capacity, drafter=draft, budget=8)

@@ -30,19 +30,22 @@ pytestmark = pytest.mark.worker  # also run under the oldest supported transform
 
 CASES = {case.id: case for case in twin_cases()}
 TARGETS = {case.target.name: case.target for case in CASES.values()}
+# the same twins at the published depth (64 layers for the 27B models, 48 for Qwen3-Next)
+FULL_CASES = {case.id: case for case in twin_cases(full_depth=True)}
+FULL_TARGETS = {case.target.name: case.target for case in FULL_CASES.values()}
 DTYPES = ("float32", "float64")
 
 
 @cache
-def target_twin(name: str, dtype: str) -> TargetModel:
-    twin = TARGETS[name]
+def target_twin(name: str, dtype: str, full_depth: bool = False) -> TargetModel:
+    twin = (FULL_TARGETS if full_depth else TARGETS)[name]
     spec = ModelSpec(name, "config", twin.arch, dtype, "cpu", twin.config, None)
     return TargetModel(load_model(spec, seed=0))
 
 
 @cache
-def draft_twin(case_id: str, dtype: str) -> DFlashDraft | None:
-    draft = CASES[case_id].draft
+def draft_twin(case_id: str, dtype: str, full_depth: bool = False) -> DFlashDraft | None:
+    draft = (FULL_CASES if full_depth else CASES)[case_id].draft
     return None if draft is None else build_draft(draft.config, 1, getattr(torch, dtype), torch.device("cpu"))
 
 

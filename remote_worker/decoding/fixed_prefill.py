@@ -40,17 +40,24 @@ class FixedPrefill:
         self.run = compiled_entry(self.step, mode, [t for t in tensors if t is not None])
 
     @torch.no_grad()
-    def step(self) -> torch.Tensor:
+    def step(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Verify and commit the chunk in `tokens` (its first `count` real); returns the hidden states of
-        `hidden_layers` for every position, concatenated on the feature axis ([chunk, F]; F = 0 without)."""
+        `hidden_layers` for every position, concatenated on the feature axis ([chunk, F]; F = 0 without),
+        and the last layer's output [chunk, hidden].
+
+        Nothing reads the last layer's output (a prefill needs no logits), but it is returned all the same:
+        a compiled graph drops a layer whose output nothing reads, and an attention layer's region writes
+        its K/V inside (`models.blocks`), so the write went with it (torch 2.13: the last attention layer's
+        K/V were never committed at 64 layers, whose last layer is no drafter's feature layer)."""
+        last = self.target.num_layers
         output = self.target.verify_fixed(
-            self.cache, self.tokens, self.parents, self.depths, self.chunk - 1, self.hidden_layers, logits=False
+            self.cache, self.tokens, self.parents, self.depths, self.chunk - 1, (*self.hidden_layers, last), False
         )
         path = torch.where(self.depths < self.count, self.depths, self.count - 1)
         self.cache.commit_fixed(path, self.count)
         if not self.hidden_layers:
-            return self.tokens.new_zeros(self.chunk, 0, dtype=self.target.dtype)
-        return torch.cat([output.hidden[i] for i in self.hidden_layers], dim=-1)
+            return self.tokens.new_zeros(self.chunk, 0, dtype=self.target.dtype), output.hidden[last]
+        return torch.cat([output.hidden[i] for i in self.hidden_layers], dim=-1), output.hidden[last]
 
     def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
         """Commit `tokens` (host, 1-D) from an empty cache; returns their features [len(tokens), F]. The cache
@@ -67,6 +74,6 @@ class FixedPrefill:
             self.tokens.zero_()
             self.tokens[: piece.shape[0]].copy_(piece)
             self.count.fill_(piece.shape[0])
-            features.append(self.run()[: piece.shape[0]].clone())  # a captured graph reuses its output
+            features.append(self.run()[0][: piece.shape[0]].clone())  # a captured graph reuses its output
         self.cache.length = total
         return torch.cat(features)

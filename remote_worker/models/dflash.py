@@ -191,6 +191,15 @@ class DFlashLayer(nn.Module):
         self.input_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
+    @torch.compiler.nested_compile_region
+    def forward_fixed(
+        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, buffer: torch.Tensor, slots: torch.Tensor
+    ) -> torch.Tensor:
+        """The block h [B, hidden] through the layer, its K/V written to `slots` of `buffer` (this layer's).
+        A compiled region (`remote_worker.models.blocks`): traced once per kind of layer (causal, windowed)."""
+        h = h + self.self_attn.forward_fixed(self.input_layernorm(h), cos, sin, buffer, slots)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
 
 class DFlashDraft(nn.Module):
     """The drafter's weights; a sequence's state lives in a `DraftContext` (`new_context`)."""
@@ -282,9 +291,7 @@ class DFlashDraft(nn.Module):
         cos, sin = self.rotary_emb(block[None], slots[None])
         h = block
         for index, layer in enumerate(self.layers):
-            x = layer.input_layernorm(h)
-            h = h + layer.self_attn.forward_fixed(x, cos[0], sin[0], context.buffer[index], slots)
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            h = layer.forward_fixed(h, cos[0], sin[0], context.buffer[index], slots)
         logits = head(self.norm(h[1:]))
         return logits.to(compute_dtype(logits.dtype))
 

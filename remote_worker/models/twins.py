@@ -7,8 +7,9 @@ reshapes, groupings and index arithmetic as the real checkpoint, at a size a CPU
 Shrunk: the widths (hidden, intermediate, GDN key and value head dims, the attention head dim unless mrope
 sections pin it, the experts' widths), the vocabulary (512), the number of experts (twice the routed
 experts per token), the depth (whole periods of the layer pattern: two, or enough for the drafts' target
-layers to stay distinct), and a draft's sliding window (w → max(block_size + 1, w / 64), so contexts of
-a few dozen tokens already pass it, as real contexts pass 2048).
+layers to stay distinct; a `full_depth` twin keeps the published depth, for what grows with it), and a
+draft's sliding window (w → max(block_size + 1, w / 64), so contexts of a few dozen tokens already pass
+it, as real contexts pass 2048).
 
 Kept: the layer pattern, GDN key/value heads (16:48, 16:32), the conv kernel, attention query/KV heads
 (24:4, 16:2, 32:8), the gated attention output, partial rotary and mrope sections (the head dim that
@@ -167,9 +168,15 @@ def _cut(values: dict[str, Any], depth: int, vocab: int) -> tuple[dict[str, Any]
     return text, config
 
 
-def target_twin(name: str, values: dict[str, Any], drafts: list[dict[str, Any]], taken: set[int]) -> TwinTarget:
+def target_twin(
+    name: str, values: dict[str, Any], drafts: list[dict[str, Any]], taken: set[int], full_depth: bool = False
+) -> TwinTarget:
+    """The target's twin: whole periods of its pattern (`_depth`), or with `full_depth` every published layer
+    (what the compile time and the cache's per-layer work are measured and tested at)."""
     draft_layers = max((len(d["dflash_config"]["target_layer_ids"]) for d in drafts), default=0)
-    text, config = _cut(values, _depth(text_config(values), draft_layers), VOCAB)
+    text = text_config(values)
+    depth = len(layer_types(text)) if full_depth else _depth(text, draft_layers)
+    text, config = _cut(values, depth, VOCAB)
     rope = rope_values(text)
     section = rope.get("mrope_section")
     partial = float(rope.get("partial_rotary_factor", 1.0))
@@ -229,8 +236,10 @@ def draft_target(draft: str, targets: list[str]) -> str:
     return max(family, key=lambda t: (len(os.path.commonprefix([t, draft])), t))  # noqa: RUF071
 
 
-def twin_cases() -> list[TwinCase]:
-    """Every published draft with its target's twin, and every target without a draft on its own."""
+def twin_cases(full_depth: bool = False) -> list[TwinCase]:
+    """Every published draft with its target's twin, and every target without a draft on its own; with
+    `full_depth`, the twins have the published depth (64 layers for the 27B models, 48 for Qwen3-Next) and
+    the drafts read the published target layers, the widths staying tiny."""
     configs = published()
     targets = [name for name, values in configs.items() if not is_draft(values)]
     drafts = [name for name, values in configs.items() if is_draft(values)]
@@ -239,7 +248,7 @@ def twin_cases() -> list[TwinCase]:
     for target in targets:
         family = [configs[target], *(configs[d] for d in paired[target])]
         taken = set().union(*(kept_counts(v) for v in family))
-        twin = target_twin(target, configs[target], [configs[d] for d in paired[target]], taken)
+        twin = target_twin(target, configs[target], [configs[d] for d in paired[target]], taken, full_depth)
         cases.extend(TwinCase(twin, draft_twin(d, configs[d], twin, taken)) for d in paired[target])
         if not paired[target]:
             cases.append(TwinCase(twin, None))
