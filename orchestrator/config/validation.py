@@ -341,6 +341,8 @@ def resolve_config(cfg: DictConfig) -> dict[str, Any]:
         raise ConfigError("decode.repeats must be at most 1000")
     if not isinstance(_get(container, "decode.compile"), bool) and _get(container, "decode.compile") != "auto":
         raise ConfigError(f"decode.compile={_get(container, 'decode.compile')!r} must be true, false or auto")
+    if not isinstance(_get(container, "decode.compile_cache"), bool):
+        raise ConfigError(f"decode.compile_cache={_get(container, 'decode.compile_cache')!r} must be true or false")
     if not isinstance(_get(container, "decode.node_costs"), bool):
         raise ConfigError(f"decode.node_costs={_get(container, 'decode.node_costs')!r} must be true or false")
     if _number(container, "decode.node_cost_repeats", minimum=1, integer=True) > 1000:

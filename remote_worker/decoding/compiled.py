@@ -12,8 +12,10 @@ shapes fixed per (method, budget) and buffers allocated once there should be non
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,12 +44,57 @@ def raise_recompile_limit(graphs: int) -> None:
             setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), graphs + 4))
 
 
+class CompileProgress:
+    """Progress while the graphs compile, never silent: a line when each graph starts and, from a thread,
+    every `every` seconds while it compiles (`compiling the ddtree_tb32 round (4/6) · 1:10`), so the
+    orchestrator's stall warning (45 s without an event) never fires on a long compile.
+
+    The bar counts seconds: done is the time spent so far, and the total adds to it the graphs still to
+    compile at the mean time of those compiled so far (the current one at least as long as it has taken),
+    so its ETA comes from what this host has compiled, not from a guess."""
+
+    def __init__(self, send: Callable[[int, int, str], None], graphs: int, every: float = 10.0) -> None:
+        self.send, self.graphs, self.every = send, graphs, every
+        self.took: list[float] = []  # seconds per compiled graph
+        self.started = time.monotonic()
+
+    def _report(self, what: str, since: float) -> None:
+        now = time.monotonic()
+        current = now - since
+        mean = sum(self.took) / len(self.took) if self.took else current
+        left = max(mean - current, 0.0) + mean * (self.graphs - len(self.took) - 1)
+        elapsed = now - self.started
+        minutes, seconds = divmod(int(current), 60)
+        message = f"compiling the {what} ({len(self.took) + 1}/{self.graphs}) · {minutes}:{seconds:02d}"
+        self.send(int(elapsed), max(int(elapsed + left), int(elapsed), 1), message)
+
+    @contextmanager
+    def graph(self, what: str) -> Iterator[None]:
+        since = time.monotonic()
+        self._report(what, since)
+        done = threading.Event()
+
+        def beat() -> None:
+            while not done.wait(self.every):
+                self._report(what, since)
+
+        ticker = threading.Thread(target=beat, name="compile-progress", daemon=True)
+        ticker.start()
+        try:
+            yield
+        finally:
+            done.set()
+            ticker.join()
+            self.took.append(time.monotonic() - since)
+
+
 @dataclass
 class CompiledRounds:
     rounds: dict[str, FixedRound]  # method scope -> its compiled round
     prefiller: FixedPrefill | None = None  # the compiled prefill every prompt goes through
     compile_seconds: dict[str, float] = field(default_factory=dict)  # method scope (or "prefill") -> its warm-up
     graphs_after_warmup: int = 0
+    cache: str = "off"  # what the host's compile cache did: hit, partial, miss, off (`compile_cache`)
 
     def recompiles(self) -> int:
         """Graphs compiled since the warm-up ended (each is a recompilation of some method's round)."""
@@ -67,7 +114,8 @@ def compile_rounds(
     `comparison`), for prompts of up to `longest` tokens: `prompt` is prefilled twice, and decoded twice by
     each method (the second call is the one a CUDA graph is captured on). Returns them, or why this host's
     torch could not compile them (the run then decodes with the reference rounds). `progress(done, total,
-    what)` is called before each of them (compiling one can take minutes)."""
+    message)` is called as each graph starts and every few seconds while it compiles (`CompileProgress`;
+    from another thread then)."""
     if problem := target.compile_problem():
         return f"model: {problem}"
     mode = "reduce-overhead" if target.device.type == "cuda" else None
@@ -79,27 +127,27 @@ def compile_rounds(
     target.reserve_positions(max(capacity, prefill_capacity))  # before any graph: none may see the tables grow
     compiled = CompiledRounds(rounds={})
     warmup_tokens = min(max_new_tokens, 8)
-    announce = progress or (lambda done, total, what: None)
+    clock = CompileProgress(progress or (lambda done, total, message: None), len(methods) + 1)
     where = "prefill"  # what is being compiled, for the reason if it fails
     try:
-        announce(0, len(methods) + 1, "compiling the prefill")
         prefiller = FixedPrefill(target, prefill_capacity, chunk, drafter.feature_layers)
         prefiller.compile(mode)
         started = time.perf_counter()
-        for _ in range(2):
-            start = prefill(target, prompt, drafter, prefiller)
+        with clock.graph("prefill"):
+            for _ in range(2):
+                start = prefill(target, prompt, drafter, prefiller)
         compiled.compile_seconds["prefill"] = time.perf_counter() - started
         compiled.prefiller = prefiller
-        for index, method in enumerate(methods, start=1):
+        for method in methods:
             where = method.scope
-            announce(index, len(methods) + 1, f"compiling the {method.scope} round")
             round_drafter = drafter if method.drafts else None
             rounds = FixedRound(target, method.name, capacity, drafter=round_drafter, budget=method.budget)
             rounds.compile(mode)
             started = time.perf_counter()
-            for _ in range(2):
-                decode_from(target, start, method=method.name, max_new_tokens=warmup_tokens, drafter=round_drafter,
-                            budget=method.budget, rounds=rounds)  # fmt: skip
+            with clock.graph(f"{method.scope} round"):
+                for _ in range(2):
+                    decode_from(target, start, method=method.name, max_new_tokens=warmup_tokens,
+                                drafter=round_drafter, budget=method.budget, rounds=rounds)  # fmt: skip
             compiled.compile_seconds[method.scope] = time.perf_counter() - started
             compiled.rounds[method.scope] = rounds
             LOG.info("compiled the %s round in %.1f s", method.scope, compiled.compile_seconds[method.scope])
@@ -107,5 +155,6 @@ def compile_rounds(
         text = str(error).strip().splitlines()[0] if str(error).strip() else ""
         return f"{where}: {type(error).__name__}: {text}"[:300]
     compiled.graphs_after_warmup = counters["stats"]["unique_graphs"]
-    announce(len(methods) + 1, len(methods) + 1, f"compiled in {sum(compiled.compile_seconds.values()):.0f} s")
+    total = int(time.monotonic() - clock.started)
+    (progress or (lambda *_: None))(total, max(total, 1), f"compiled in {sum(compiled.compile_seconds.values()):.0f} s")
     return compiled

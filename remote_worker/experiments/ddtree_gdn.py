@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import statistics
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from remote_worker.decoding.acceptance_profile import AcceptanceProfile
 from remote_worker.decoding.budget_choice import Measured, Prediction, predict
 from remote_worker.decoding.budget_curve import BudgetCurve, compare, curve_record
 from remote_worker.decoding.comparison import Comparison, Method, PromptRun, Settings, methods_for, run_prompt
+from remote_worker.decoding.compile_cache import CompileCache
 from remote_worker.decoding.compiled import CompiledRounds, compile_rounds, wanted
 from remote_worker.decoding.divergence import Divergence
 from remote_worker.decoding.loop import prefill
@@ -355,17 +357,24 @@ def _compiled_rounds(
         LOG.warning("decode.compile: compiled rounds decode at temperature 0 only; decoding eagerly")
         return None
 
-    def progress(done: int, total: int, what: str) -> None:
-        stop_signal.check()
-        log.progress("compile", done, total, f"{what} (decode.compile={setting})")
+    def progress(done: int, total: int, message: str) -> None:
+        if threading.current_thread() is threading.main_thread():  # (the compile's ticker calls from its own)
+            stop_signal.check()
+        log.progress("compile", done, total, message)
 
     started = time.perf_counter()
     longest = max(len(ids) for ids in encoded)
-    outcome = compile_rounds(target, drafter, methods, encoded[0], longest, settings.max_new_tokens, progress)
+    with CompileCache.open(spec.run_dir, bool(spec.decode.get("compile_cache", True))) as cache:
+        outcome = compile_rounds(target, drafter, methods, encoded[0], longest, settings.max_new_tokens, progress)
     if isinstance(outcome, str):
         LOG.warning("decode.compile: torch.compile failed on this host, decoding eagerly (%s)", outcome)
         return None
-    LOG.info("compiled the prefill and %d rounds in %.1f s", len(methods), time.perf_counter() - started)
+    outcome.cache = cache.outcome()
+    log.emit("params", {"compile_cache": outcome.cache})
+    LOG.info(
+        "compiled the prefill and %d rounds in %.1f s (compile cache: %s, %s)",
+        len(methods), time.perf_counter() - started, outcome.cache, cache.folder,
+    )  # fmt: skip
     return outcome
 
 
