@@ -36,24 +36,53 @@ def traced_regions(step) -> tuple[Counter, int]:
     return Counter(call.args[1] for call in calls), len({call.args[0].target for call in calls})
 
 
-@pytest.mark.parametrize("case_id", ["Qwen3.6-27B-DFlash", "Qwen3-8B-DFlash-b16"])
+@pytest.mark.parametrize("case_id", ["Qwen3.6-27B-DFlash", "Qwen3-8B-DFlash-b16", "Qwen3-Next-80B-A3B"])
 def test_a_round_at_the_published_depth_traces_each_kind_of_layer_once(case_id: str) -> None:
     """A DDTree round of the full-depth twin (64 layers: 48 GDN + 16 attention; the dense control: 36) calls
     one traced region per kind of layer — GDN, attention, the drafter's windowed layers — for every layer
     of that kind: what is compiled does not grow with the depth. (A kind with one layer, the drafter's full
-    layer, is inlined by dynamo: there is nothing to reuse.)"""
+    layer, is inlined by dynamo: there is nothing to reuse.) Qwen3-Next, which has no published draft,
+    decodes AR here, its mixture of experts inside the blocks."""
     from tests.test_twins import FULL_CASES, draft_twin, target_twin
 
     target = target_twin(FULL_CASES[case_id].target.name, "float32", full_depth=True)
     draft = draft_twin(case_id, "float32", full_depth=True)
     kinds = Counter(target.kinds)
-    drafter_kinds = Counter((layer.self_attn.is_causal, layer.self_attn.sliding_window) for layer in draft.layers)
-    rounds = FixedRound(target, "ddtree", 256, drafter=draft, budget=8)
+    layers = draft.layers if draft is not None else []
+    drafter_kinds = Counter((layer.self_attn.is_causal, layer.self_attn.sliding_window) for layer in layers)
+    if draft is None:
+        rounds = FixedRound(target, "ar", 256)
+    else:
+        rounds = FixedRound(target, "ddtree", 256, drafter=draft, budget=8)
     calls, traced = traced_regions(rounds.step)
     repeated = [count for count in [*kinds.values(), *drafter_kinds.values()] if count > 1]
     assert sorted(calls.values()) == sorted(repeated)
     assert traced == len(calls) == len(repeated)
     assert target.num_layers == FULL_CASES[case_id].target.config["num_hidden_layers"] >= 36
+
+
+@pytest.mark.slow
+def test_the_mixture_of_experts_twin_at_full_depth_compiles_and_emits_ar_tokens() -> None:
+    """The Qwen3-Next twin, all 48 layers (sparse experts, 10 routed of 20, a gated shared expert): the compiled
+    prefill and AR round (fullgraph: a break is an error) emit the reference AR's tokens, and a second
+    prompt compiles nothing."""
+    from tests.test_twins import FULL_CASES, prompt, target_twin
+
+    torch._dynamo.reset()
+    target = target_twin(FULL_CASES["Qwen3-Next-80B-A3B"].target.name, "float32", full_depth=True)
+    assert target.compile_problem() is None and all(mlp.moe is not None for mlp in target.mlps)
+    prompts = [prompt(3, 9), prompt(4, 14)]
+    rounds = FixedRound(target, "ar", fixed_capacity(14, 8, 1, 0))
+    prefiller = FixedPrefill(target, 256, 8)
+    rounds.compile()
+    prefiller.compile()
+    graphs = []
+    for prompt_tokens in prompts:
+        start = prefill(target, prompt_tokens, None, prefiller)
+        result = decode_from(target, start, method="ar", max_new_tokens=8, rounds=rounds)
+        assert result.tokens == decode(target, prompt_tokens, method="ar", max_new_tokens=8).tokens
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[1] == graphs[0]
 
 
 def test_a_prefill_chunk_traces_each_kind_of_layer_once() -> None:

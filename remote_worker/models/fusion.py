@@ -43,8 +43,9 @@ class FusedLinear:
 
 
 class GatedMLP:
-    """down(act(gate(x)) · up(x)), with gate and up fused; a mixture of experts runs its own forward, with
-    its routing in float64 for a float64 model (`float64_routing`)."""
+    """down(act(gate(x)) · up(x)), with gate and up fused; a sparse mixture of experts runs in fixed shapes
+    (`moe.SparseMoE`), any other block its own forward (with its routing in float64 for a float64 model:
+    `float64_routing`, also the naive reference the fixed-shape block is tested against)."""
 
     def __init__(self, mlp: nn.Module) -> None:
         self.mlp = mlp
@@ -52,8 +53,12 @@ class GatedMLP:
         self.gate_up = FusedLinear(mlp.gate_proj, mlp.up_proj) if plain else None
         self.down = FusedLinear(mlp.down_proj) if plain else None
         router = getattr(mlp, "gate", None)
-        self.routed = not plain and all(hasattr(router, a) for a in ("weight", "top_k", "norm_topk_prob"))
-        self.routed = self.routed and hasattr(mlp, "experts")
+        self.routed = not plain and all(hasattr(router, a) for a in ("weight", "top_k")) and hasattr(mlp, "experts")
+        self.moe = None
+        if not plain:
+            from remote_worker.models.moe import SparseMoE, is_sparse_moe
+
+            self.moe = SparseMoE(mlp) if is_sparse_moe(mlp) else None
 
     def float64_routing(self, x: torch.Tensor) -> torch.Tensor:
         """The sparse block (Qwen3-Next, Qwen3.5/3.6-MoE) with the router's softmax in float64: the module's
@@ -62,7 +67,7 @@ class GatedMLP:
         mlp, router = self.mlp, self.mlp.gate
         probabilities = F.softmax(F.linear(x, router.weight), dim=-1)
         weights, experts = probabilities.topk(router.top_k, dim=-1)  # [n, k]
-        if router.norm_topk_prob:
+        if getattr(router, "norm_topk_prob", True):  # (Qwen3.5/3.6-MoE's router always renormalises)
             weights = weights / weights.sum(dim=-1, keepdim=True)
         out = mlp.experts(x, experts, weights)
         if hasattr(mlp, "shared_expert"):
@@ -73,6 +78,8 @@ class GatedMLP:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: [n, hidden] → [n, hidden]."""
+        if self.moe is not None:
+            return self.moe(x)
         if self.gate_up is None:
             if self.routed and x.dtype == torch.float64:
                 return self.float64_routing(x)

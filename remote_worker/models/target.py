@@ -112,9 +112,9 @@ class TargetModel:
         return self._through_layers(ctx, cache, cache.length + tree.depth + 1, hidden_layers, logits)
 
     def compile_problem(self) -> str | None:
-        """Why this model's layers cannot be one fixed-shape graph, or None. A mixture of experts runs the
-        module's own forward, whose loop over the experts a batch hits depends on the routing's values."""
-        if any(mlp.gate_up is None for mlp in self.mlps):
+        """Why this model's layers cannot be one fixed-shape graph, or None. A block of experts other than the
+        supported sparse ones runs its module's forward, whose loop depends on the routing's values."""
+        if any(mlp.gate_up is None and mlp.moe is None for mlp in self.mlps):
             return (
                 "its mixture-of-experts blocks run transformers' loop over the experts each batch hits, whose "
                 "length depends on the routing: not one fixed-shape graph"

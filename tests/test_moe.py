@@ -1,0 +1,83 @@
+"""The fixed-shape mixture of experts (`remote_worker.models.moe`) against transformers' own block, its naive
+reference: random routings, ties in the router's scores, float32 and float64, eager and compiled."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from remote_worker.models.moe import GATHERED, SparseMoE, is_sparse_moe, module_reference
+from tests.rounding import rounding_bound
+from tests.tiny_models import tiny
+
+pytestmark = pytest.mark.worker
+
+
+def moe_blocks(dtype: str) -> list[torch.nn.Module]:
+    target, _ = tiny("tiny_qwen3_next", dtype)
+    return [layer.mlp for layer in target.layers]
+
+
+def with_ties(mlp: torch.nn.Module, seed: int) -> None:
+    """Router rows copied onto others: those experts' scores are equal for every token."""
+    generator = torch.Generator().manual_seed(seed)
+    weight = mlp.gate.weight
+    with torch.no_grad():
+        weight.copy_(torch.randn(weight.shape, generator=generator, dtype=weight.dtype))
+        source, target = torch.randperm(weight.shape[0], generator=generator)[:2].tolist()
+        weight[target] = weight[source]
+
+
+def bound(mlp: torch.nn.Module, x: torch.Tensor, out: torch.Tensor) -> float:
+    """Two matmuls and a k-term combine, each summing at most max(hidden, intermediate, k) terms."""
+    width = max(x.shape[-1], mlp.experts.down_proj.shape[-1], mlp.gate.top_k)
+    return rounding_bound(x.dtype, 4, width, out.abs().max().item())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("tokens", [1, 9, 2 * GATHERED + 3])
+def test_the_fixed_shape_block_is_the_modules_block(dtype: str, tokens: int) -> None:
+    """Same routing as the module's router (ties broken the same way: the same top-k of the same scores), and
+    outputs equal within the rounding of two evaluation orders."""
+    for index, mlp in enumerate(moe_blocks(dtype)):
+        assert is_sparse_moe(mlp)
+        for seed in range(4):
+            if seed % 2:
+                with_ties(mlp, seed + 10 * index)
+            x = torch.randn(tokens, mlp.gate.weight.shape[1], generator=torch.Generator().manual_seed(seed))
+            x = x.to(getattr(torch, dtype))
+            moe = SparseMoE(mlp)
+            weights, experts = moe.route(x)
+            if x.dtype == torch.float32:  # the module's own router
+                _, expected_weights, expected_experts = mlp.gate(x)
+                assert torch.equal(experts, expected_experts) and torch.equal(weights, expected_weights)
+            with torch.no_grad():
+                ours, reference = moe(x), module_reference(mlp, x)
+            error = (ours - reference).abs().max().item()
+            assert error <= bound(mlp, x, reference), (index, seed, error)
+
+
+def test_the_block_compiles_into_one_graph_and_agrees_with_eager() -> None:
+    mlp = moe_blocks("float32")[0]
+    moe = SparseMoE(mlp)
+    x = torch.randn(9, mlp.gate.weight.shape[1], generator=torch.Generator().manual_seed(3))
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(moe.__call__)(x)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    with torch.no_grad():
+        compiled = torch.compile(moe.__call__, fullgraph=True, dynamic=False)(x)
+        eager = moe(x)
+    assert (compiled - eager).abs().max().item() <= bound(mlp, x, eager)
+
+
+def test_the_grouped_matmul_path_is_the_gathered_path() -> None:
+    """`torch._grouped_mm` runs eagerly on a CPU in float32 (under compile, on a GPU, bfloat16 only): the
+    sorted-by-expert path computes what the gathered one does."""
+    mlp = moe_blocks("float32")[1]
+    moe = SparseMoE(mlp)
+    x = torch.randn(13, mlp.gate.weight.shape[1], generator=torch.Generator().manual_seed(5))
+    _, experts = moe.route(x)
+    rows, chosen = x.repeat_interleave(moe.top_k, dim=0), experts.flatten()
+    gathered, grouped = moe.gathered(rows, chosen), moe.grouped(rows, chosen)
+    assert torch.equal(moe.expert_outputs(x, experts), gathered)  # a CPU takes the gathered path
+    assert (grouped - gathered).abs().max().item() <= bound(mlp, x, gathered)
