@@ -231,3 +231,27 @@ def test_a_mixture_of_experts_is_on_the_fast_path() -> None:
     assert tiny("tiny_qwen3_next")[0].compile_problem() is None
     assert all(mlp.moe is not None for mlp in tiny("tiny_qwen3_next")[0].mlps)
     assert tiny("tiny_hybrid")[0].compile_problem() is None
+
+
+def test_the_device_hash_is_lowbias32_and_its_draws_are_uniform() -> None:
+    """`mix32` (int64 arithmetic that never overflows) against lowbias32 written plainly in Python integers,
+    and `counter_uniform`'s draws: in (0, 1), a new set for every counter and seed, uniform by a
+    Kolmogorov-Smirnov test."""
+    from scipy.stats import kstest
+
+    from remote_worker.decoding.fixed_round import counter_uniform, mix32
+
+    def lowbias32(x: int) -> int:
+        x ^= x >> 16
+        x = (x * 0x7FEB352D) & 0xFFFFFFFF
+        x ^= x >> 15
+        x = (x * 0x846CA68B) & 0xFFFFFFFF
+        return x ^ (x >> 16)
+
+    values = [0, 1, 2, 0xFFFF, 0x10000, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF, *random.Random(5).sample(range(2**32), 500)]
+    assert mix32(torch.tensor(values)).tolist() == [lowbias32(v) for v in values]
+    draws = [counter_uniform(torch.tensor(s), torch.tensor(c), 33, 61) for s, c in ((7, 0), (7, 1), (8, 0))]
+    assert all(bool(((d > 0) & (d < 1)).all()) for d in draws)
+    assert not torch.equal(draws[0], draws[1]) and not torch.equal(draws[0], draws[2])
+    assert torch.equal(draws[0], counter_uniform(torch.tensor(7), torch.tensor(0), 33, 61))
+    assert kstest(torch.cat([d.flatten() for d in draws]).numpy(), "uniform").pvalue > 1e-4

@@ -125,6 +125,43 @@ def test_the_target_distribution_is_not_uniform(target: TargetModel) -> None:
     assert joint[0, 0] < 0.5
 
 
+def sampled_joint_fixed(target: TargetModel, compiled: bool) -> torch.Tensor:
+    """The same with the fixed-shape DDTree round (draws on the device, `choose_on_device`), compiled or
+    eager, and a DFlash drafter with random weights (its own, arbitrary preferences)."""
+    import copy
+
+    from remote_worker.decoding.fixed_round import FixedRound
+    from remote_worker.decoding.loop import decode_from, fixed_capacity, prefill
+    from remote_worker.models.dflash import build_draft
+
+    config = copy.deepcopy(model_spec("tiny_hybrid", "float64").draft.config)
+    config.update(vocab_size=VOCAB, block_size=4, initializer_range=0.002)  # near-uniform drafts: wide trees
+    config["dflash_config"].update(mask_token_id=VOCAB - 1)
+    drafter = build_draft(config, 2, torch.float64, torch.device("cpu"))
+    rounds = FixedRound(target, "ddtree", fixed_capacity(len(PROMPT), 2, 4, 12), drafter=drafter, budget=12,
+                        temperature=TEMPERATURE)  # fmt: skip
+    if compiled:
+        torch._dynamo.reset()
+        rounds.compile()
+    start = prefill(target, PROMPT, drafter)
+    counts = torch.zeros(VOCAB, VOCAB, dtype=torch.float64)
+    accepted = 0
+    generator = torch.Generator().manual_seed(1234)
+    for _ in range(SAMPLES):
+        out = decode_from(target, start, method="ddtree", max_new_tokens=2, drafter=drafter, budget=12,
+                          temperature=TEMPERATURE, generator=generator, rounds=rounds)  # fmt: skip
+        counts[out.tokens[0], out.tokens[1]] += 1
+        accepted += out.acceptance_lengths[0]
+    assert accepted > SAMPLES // 2  # the tree is really used
+    return counts
+
+
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_the_fixed_shape_rounds_samples_follow_the_target(target: TargetModel, compiled: bool) -> None:
+    """At T = 1 the fixed-shape DDTree round, eager and compiled, samples the target's distribution."""
+    assert chi_square_p_value(sampled_joint_fixed(target, compiled), exact_joint(target)) > 1e-4
+
+
 def test_ddtree_samples_follow_the_target(target: TargetModel) -> None:
     assert chi_square_p_value(sampled_joint(target, "ddtree"), exact_joint(target)) > 1e-4
 

@@ -30,10 +30,11 @@ from remote_worker.models.target import TargetModel, prefill_chunk
 LOG = logging.getLogger(__name__)
 
 
-def wanted(setting: object, device: torch.device, temperature: float) -> bool:
-    """Whether `decode.compile` (true, false or "auto") asks for compiled rounds on this device."""
+def wanted(setting: object, device: torch.device) -> bool:
+    """Whether `decode.compile` (true, false or "auto") asks for compiled rounds on this device (at any
+    temperature: a round samples on the device, `fixed_round.choose_on_device`)."""
     if setting == "auto":
-        return device.type == "cuda" and temperature == 0
+        return device.type == "cuda"
     return bool(setting)
 
 
@@ -109,6 +110,7 @@ def compile_rounds(
     longest: int,
     max_new_tokens: int,
     progress: Callable[[int, int, str], None] | None = None,
+    temperature: float = 0.0,
 ) -> CompiledRounds | str:
     """Build, compile and warm up the prefill (fixed chunks) and a fixed-shape round per method (`Method` of
     `comparison`), for prompts of up to `longest` tokens: `prompt` is prefilled twice, and decoded twice by
@@ -141,13 +143,16 @@ def compile_rounds(
         for method in methods:
             where = method.scope
             round_drafter = drafter if method.drafts else None
-            rounds = FixedRound(target, method.name, capacity, drafter=round_drafter, budget=method.budget)
+            rounds = FixedRound(target, method.name, capacity, drafter=round_drafter, budget=method.budget,
+                                temperature=temperature)  # fmt: skip
             rounds.compile(mode)
             started = time.perf_counter()
             with clock.graph(f"{method.scope} round"):
-                for _ in range(2):
+                for seed in range(2):
+                    generator = torch.Generator(target.device).manual_seed(seed) if temperature else None
                     decode_from(target, start, method=method.name, max_new_tokens=warmup_tokens,
-                                drafter=round_drafter, budget=method.budget, rounds=rounds)  # fmt: skip
+                                drafter=round_drafter, budget=method.budget, rounds=rounds, temperature=temperature,
+                                generator=generator)  # fmt: skip
             compiled.compile_seconds[method.scope] = time.perf_counter() - started
             compiled.rounds[method.scope] = rounds
             LOG.info("compiled the %s round in %.1f s", method.scope, compiled.compile_seconds[method.scope])

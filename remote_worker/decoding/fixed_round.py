@@ -73,6 +73,47 @@ def device_walk(
     return torch.where(steps < count, path, last), count
 
 
+_LOW32 = 0xFFFFFFFF
+
+
+def _times(x: torch.Tensor, constant: int) -> torch.Tensor:
+    """x·constant mod 2³² for x in [0, 2³²), in int64 without overflow: the high and low 16 bits apart."""
+    high = ((x >> 16) * constant) & 0xFFFF
+    return ((high << 16) + (x & 0xFFFF) * constant) & _LOW32
+
+
+def mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (Wellons' `lowbias32`: xor-shifts and two odd multipliers; every output bit
+    depends on every input bit) of int64 tensors holding values in [0, 2³²)."""
+    x = x ^ (x >> 16)
+    x = _times(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _times(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def counter_uniform(seed: torch.Tensor, counter: torch.Tensor, rows: int, columns: int) -> torch.Tensor:
+    """Uniform draws in (0, 1), float64 [rows, columns], a pure function of (seed, counter, row, column): a
+    counter-based generator (as Philox is), so a round draws on the device with no generator state to
+    carry, compiled or captured as a CUDA graph alike. seed, counter: int64 device scalars."""
+    key = mix32((mix32(seed & _LOW32) ^ mix32(counter & _LOW32)) & _LOW32)
+    index = torch.arange(rows * columns, device=seed.device).view(rows, columns)
+    bits = mix32((mix32(index ^ key) + key) & _LOW32)  # two rounds: neighbouring indices decorrelate
+    return (bits.double() + 0.5) / 2.0**32
+
+
+def choose_on_device(
+    logits: torch.Tensor, temperature: float, seed: torch.Tensor, counter: torch.Tensor
+) -> torch.Tensor:
+    """The target's token at each row, drawn on the device: argmax at temperature 0; else by Gumbel-max,
+    argmax(logits / T + G) with G = -log(-log U) and U from `counter_uniform`, which is a sample from
+    softmax(logits / T) (the Gumbel-max property), each row's independent of the others'."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    uniform = counter_uniform(seed, counter, logits.shape[0], logits.shape[1])
+    return (logits.double() / temperature - torch.log(-torch.log(uniform))).argmax(dim=-1)
+
+
 def choose(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
     """The target's token at each row, on the logits' device: argmax at temperature 0, else a sample from
     softmax(logits / T) drawn there (with a generator on that device; none draws from its default one)."""
@@ -114,7 +155,6 @@ class FixedRound:
             raise ValueError(f"a fixed-shape DDTree round needs a tree budget of at least 1, not {budget}")
         self.target, self.method, self.capacity = target, method, capacity
         self.drafter, self.budget, self.temperature = drafter, budget, temperature
-        self.generator: torch.Generator | None = None
         device = target.device
         self.drafting = method != "ar"
         self.depth = drafter.block_size - 1 if self.drafting else 0
@@ -127,6 +167,9 @@ class FixedRound:
         if self.context is not None:
             self.context.to_device_length()
         self.root = torch.zeros((), dtype=torch.long, device=device)
+        # sampling (temperature > 0): the prompt's seed and the round's counter (`choose_on_device`)
+        self.seed = torch.zeros((), dtype=torch.long, device=device)
+        self.draws = torch.zeros((), dtype=torch.long, device=device)
         self.mask_embedding = None
         if self.drafting:
             with torch.no_grad():
@@ -140,17 +183,22 @@ class FixedRound:
 
     def reset(self, cache: HybridCache, context: Any | None, root: int, generator: torch.Generator | None) -> None:
         """Start from a prefilled state (copied in place; the originals stay as they are). Whether the decode
-        fits the capacity is `loop.decode_from`'s check, which knows how many tokens it will commit."""
+        fits the capacity is `loop.decode_from`'s check, which knows how many tokens it will commit. At
+        temperature > 0 the prompt's sampling seed is drawn from `generator` (seeded per prompt), here,
+        once, so that the rounds draw on the device."""
         self.cache.load(cache)
         if self.context is not None:
             self.context.load(context)
         self.root.fill_(root)
-        self.generator = generator
+        if self.temperature > 0:
+            device = generator.device if generator is not None else "cpu"
+            self.seed.fill_(int(torch.randint(0, 2**32, (1,), generator=generator, device=device)))
+            self.draws.zero_()
 
     def compile(self, mode: str | None = None) -> None:
         """The round compiled (`compiled_entry`), its buffers static: every tensor it updates in place."""
         cache, context = self.cache, self.context
-        tensors = [cache.kv, cache.conv, cache.recurrent, cache.device_length, self.root]
+        tensors = [cache.kv, cache.conv, cache.recurrent, cache.device_length, self.root, self.seed, self.draws]
         if context is not None and hasattr(context, "buffer"):
             tensors += [context.buffer, context.device_length]
         self.run = compiled_entry(self.step, mode, [t for t in tensors if t is not None])
@@ -177,7 +225,8 @@ class FixedRound:
             self.cache, tree.tokens, tree.parents, tree.depths, self.depth, self.feature_layers
         )
         assert output.logits is not None and self.cache.context is not None
-        targets = choose(output.logits, self.temperature, self.generator)
+        targets = choose_on_device(output.logits, self.temperature, self.seed, self.draws)
+        self.draws.add_(1)
         path, count = device_walk(tree, targets, self.cache.context.mask, self.slots)
         self.cache.commit_fixed(path, count)
         if self.feature_layers:

@@ -351,10 +351,7 @@ def _compiled_rounds(
     compiled and warmed up now, before any clock; None when off, or when this host's torch could not (the run
     says why)."""
     setting = spec.decode.get("compile", "auto")
-    if not wanted(setting, target.device, settings.temperature):
-        return None
-    if settings.temperature != 0:
-        LOG.warning("decode.compile: compiled rounds decode at temperature 0 only; decoding eagerly")
+    if not wanted(setting, target.device):
         return None
 
     def progress(done: int, total: int, message: str) -> None:
@@ -365,7 +362,9 @@ def _compiled_rounds(
     started = time.perf_counter()
     longest = max(len(ids) for ids in encoded)
     with CompileCache.open(spec.run_dir, bool(spec.decode.get("compile_cache", True))) as cache:
-        outcome = compile_rounds(target, drafter, methods, encoded[0], longest, settings.max_new_tokens, progress)
+        outcome = compile_rounds(
+            target, drafter, methods, encoded[0], longest, settings.max_new_tokens, progress, settings.temperature
+        )
     if isinstance(outcome, str):
         LOG.warning("decode.compile: torch.compile failed on this host, decoding eagerly (%s)", outcome)
         return None
