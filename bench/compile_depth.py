@@ -29,7 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def twin_at(depth: int) -> tuple[Any, Any]:
+def twin_at(depth: int, dtype: str = "float32", device: str = "cpu") -> tuple[Any, Any]:
     """The Qwen3.6-27B twin and its draft's twin cut to `depth` layers (whole periods of the pattern), the
     draft's target layers mapped into them as the twins' own code maps them."""
     import torch
@@ -42,19 +42,24 @@ def twin_at(depth: int) -> tuple[Any, Any]:
 
     case = next(c for c in twin_cases(full_depth=True) if c.id == "Qwen3.6-27B-DFlash")
     config = dict(case.target.config, num_hidden_layers=depth, layer_types=case.target.config["layer_types"][:depth])
-    spec = ModelSpec("twin", "config", case.target.arch, "float32", "cpu", config, None)
+    spec = ModelSpec("twin", "config", case.target.arch, dtype, device, config, None)
     target = TargetModel(load_model(spec, seed=0))
     draft_config = json.loads(json.dumps(case.draft.config))
     ids = draft_config["dflash_config"]["target_layer_ids"]
     draft_config["dflash_config"]["target_layer_ids"] = map_layers(ids, 64, depth)
     draft_config["num_target_layers"] = depth
-    return target, build_draft(draft_config, 1, torch.float32, torch.device("cpu"))
+    return target, build_draft(draft_config, 1, getattr(torch, dtype), torch.device(device))
 
 
-def next_twin() -> Any:
-    from tests.test_twins import FULL_CASES, target_twin
+def next_twin(dtype: str = "float32", device: str = "cpu") -> Any:
+    """The Qwen3-Next twin at its published 48 layers (sparse experts: 10 routed of 20, a shared expert)."""
+    from remote_worker.models.loading import load_model
+    from remote_worker.models.target import TargetModel
+    from remote_worker.models.twins import twin_cases
+    from remote_worker.spec import ModelSpec
 
-    return target_twin(FULL_CASES["Qwen3-Next-80B-A3B"].target.name, "float32", full_depth=True)
+    twin = next(c for c in twin_cases(full_depth=True) if c.id == "Qwen3-Next-80B-A3B").target
+    return TargetModel(load_model(ModelSpec("twin", "config", twin.arch, dtype, device, twin.config, None), seed=0))
 
 
 @contextmanager
@@ -73,7 +78,14 @@ def flat_layers():
             setattr(cls, name, method)
 
 
-def measure(depth: int, model: str, flat: bool) -> dict[str, Any]:
+def measure(
+    depth: int,
+    model: str,
+    flat: bool,
+    device: str = "cpu",
+    dtype: str = "float32",
+    budgets: tuple[int, ...] = (16, 32, 64),
+) -> dict[str, Any]:
     import torch
     from torch._dynamo.utils import counters
 
@@ -82,18 +94,19 @@ def measure(depth: int, model: str, flat: bool) -> dict[str, Any]:
     from remote_worker.decoding.fixed_round import FixedRound
     from remote_worker.decoding.loop import decode_from, prefill
 
-    torch.set_num_threads(1)
+    if device == "cpu":
+        torch.set_num_threads(1)
     torch.set_grad_enabled(False)
     if model == "qwen3_next":
-        target, drafter = next_twin(), None
+        target, drafter = next_twin(dtype, device), None
         methods = methods_for([])[:1]  # AR: the twin has no published draft
     else:
-        target, drafter = twin_at(depth)
-        methods = methods_for([16, 32, 64])
+        target, drafter = twin_at(depth, dtype, device)
+        methods = methods_for(list(budgets))
     if flat:
         methods = methods[:1]
     generator = torch.Generator().manual_seed(depth)
-    prompt = torch.randint(0, 500, (40,), generator=generator)
+    prompt = torch.randint(0, 500, (40,), generator=generator).to(device)
     new_tokens = 16
 
     class NoDrafter:  # compile_rounds reads these of a drafter; AR needs none
@@ -127,6 +140,8 @@ def measure(depth: int, model: str, flat: bool) -> dict[str, Any]:
         breaks[method.scope] = torch._dynamo.explain(fresh.step)().graph_break_count
     return {
         "model": model,
+        "device": device,
+        "dtype": dtype,
         "depth": target.num_layers,
         "flat": flat,
         "compile_s": compiled.compile_seconds,
@@ -205,6 +220,9 @@ def main() -> None:
     parser.add_argument("--cache", type=Path)
     parser.add_argument("--flat", action="store_true")
     parser.add_argument("--model", default="qwen3_6_27b", choices=["qwen3_6_27b", "qwen3_next"])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--budgets", default="16,32,64", help="DDTree budgets, comma-separated")
     args = parser.parse_args()
     if args.depth is None:  # the whole figure, as `make bench` takes it
         results = compile_depth_figures()
@@ -212,7 +230,8 @@ def main() -> None:
         print("\n".join(compile_depth_table(results)))
         return
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(args.cache)
-    print(json.dumps(measure(args.depth, args.model, args.flat)))
+    budgets = tuple(int(b) for b in args.budgets.split(","))
+    print(json.dumps(measure(args.depth, args.model, args.flat, args.device, args.dtype, budgets)))
 
 
 if __name__ == "__main__":

@@ -231,12 +231,35 @@ def round_costs(sizes: dict, device: torch.device, prefill: int, repeats: int, s
     return rows
 
 
+def depth_figures(device: str, small: bool) -> list[dict]:
+    """Compile time against depth on this device (tiny widths, Qwen3.6-27B's pattern, bfloat16, CUDA graphs):
+    the prefill, AR and DDTree-32 at 4 and 64 layers, cold and then warm from the same compile cache, and
+    the Qwen3-Next twin's AR round at 48 layers (its experts on grouped matmuls), cold. One process each."""
+    import subprocess
+    import sys
+    import tempfile
+
+    runs = [("qwen3_6_27b", 4), ("qwen3_6_27b", 64), ("qwen3_next", 48)][: 1 if small else 3]
+    rows = []
+    for model, layers in runs:
+        with tempfile.TemporaryDirectory(prefix="compile-cache-") as cache:
+            for side in ("cold", "warm") if model != "qwen3_next" else ("cold",):
+                command = [sys.executable, "-m", "bench.compile_depth", "--depth", str(layers), "--cache", cache,
+                           "--model", model, "--device", device, "--dtype", "bfloat16", "--budgets", "32"]  # fmt: skip
+                done = subprocess.run(command, capture_output=True, text=True, check=False)
+                if done.returncode != 0:
+                    rows.append({"model": model, "depth": layers, "cache": side, "error": done.stderr[-500:]})
+                    continue
+                rows.append({**json.loads(done.stdout.strip().splitlines()[-1]), "cache": side})
+    return [row for row in rows if "error" not in row] + [row for row in rows if "error" in row]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--small", action="store_true", help="small layers (a check of the script, not a result)")
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--parts", default="rounds,verify,decode", help="which parts to run (comma-separated)")
+    parser.add_argument("--parts", default="rounds,verify,decode,depth", help="which parts to run (comma-separated)")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     torch.set_grad_enabled(False)
@@ -258,9 +281,11 @@ def main() -> None:
             ),
         ]
     counts = op_count_figures() if "verify" in parts else []
+    depth = depth_figures(args.device, args.small) if "depth" in parts else []
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     results = {
-        "device": gpu, "layer_sizes": name, "rounds": rounds, "verify": verify, "op_counts": counts, "decode": decoding
+        "device": gpu, "layer_sizes": name, "rounds": rounds, "verify": verify, "op_counts": counts, "decode": decoding,
+        "compile_depth": depth,
     }  # fmt: skip
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "gpu.json").write_text(json.dumps(results, indent=1) + "\n")
@@ -296,6 +321,14 @@ def main() -> None:
             f"| {row['model']}: operations per verify (1 / 64 nodes) | {row['verify_1']} / {row['verify_64']} "
             f"| commit {row['commit']} | host copies per round {row['host_copies_per_round']} "
             f"| model's own step {row['eager_step']} | | |"
+        )
+    for row in depth:
+        same = "yes" if all(row["same_tokens_as_reference"].values()) else "NO"
+        seconds = ", ".join(f"{graph} {value:.0f} s" for graph, value in row["compile_s"].items())
+        print(
+            f"| compile, {row['model']} twin at {row['depth']} layers ({row['dtype']}, {row['cache']}) | {seconds} "
+            f"| all {row['compile_s_total']:.0f} s | same tokens {same} | recompiles {row['recompiles']} "
+            f"| graph breaks {sum(row['graph_breaks'].values())} | |"
         )
     for pair in decoding:
         for row in pair["methods"]:

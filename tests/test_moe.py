@@ -13,9 +13,25 @@ from tests.tiny_models import tiny
 pytestmark = pytest.mark.worker
 
 
-def moe_blocks(dtype: str) -> list[torch.nn.Module]:
-    target, _ = tiny("tiny_qwen3_next", dtype)
-    return [layer.mlp for layer in target.layers]
+def moe_blocks(dtype: str, kind: str = "qwen3_next") -> list[torch.nn.Module]:
+    """Qwen3-Next's sparse blocks (tiny_qwen3_next: its router's `norm_topk_prob`), or Qwen3.5/3.6-MoE's
+    (the architecture of Qwen3.6-35B-A3B: a router that always renormalises), at tiny widths."""
+    if kind == "qwen3_next":
+        target, _ = tiny("tiny_qwen3_next", dtype)
+        return [layer.mlp for layer in target.layers]
+    from transformers import Qwen3_5MoeTextConfig
+    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeSparseMoeBlock
+
+    config = Qwen3_5MoeTextConfig(
+        hidden_size=40, moe_intermediate_size=20, shared_expert_intermediate_size=36, num_experts=16,
+        num_experts_per_tok=8,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    blocks = [Qwen3_5MoeSparseMoeBlock(config).to(getattr(torch, dtype)) for _ in range(2)]
+    for block in blocks:
+        for parameter in block.parameters():
+            torch.nn.init.normal_(parameter, std=0.2)
+    return blocks
 
 
 def with_ties(mlp: torch.nn.Module, seed: int) -> None:
@@ -34,12 +50,13 @@ def bound(mlp: torch.nn.Module, x: torch.Tensor, out: torch.Tensor) -> float:
     return rounding_bound(x.dtype, 4, width, out.abs().max().item())
 
 
+@pytest.mark.parametrize("kind", ["qwen3_next", "qwen3_5_moe"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("tokens", [1, 9, 2 * GATHERED + 3])
-def test_the_fixed_shape_block_is_the_modules_block(dtype: str, tokens: int) -> None:
+def test_the_fixed_shape_block_is_the_modules_block(kind: str, dtype: str, tokens: int) -> None:
     """Same routing as the module's router (ties broken the same way: the same top-k of the same scores), and
     outputs equal within the rounding of two evaluation orders."""
-    for index, mlp in enumerate(moe_blocks(dtype)):
+    for index, mlp in enumerate(moe_blocks(dtype, kind)):
         assert is_sparse_moe(mlp)
         for seed in range(4):
             if seed % 2:
