@@ -32,7 +32,10 @@ def owned(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """A region's outputs, each in memory of its own. An output that is a view into an intermediate at an
     offset (the keys, a slice of q|k; a split of a fused projection) came back from a compiled region read
     from the intermediate's start (torch 2.13, inductor on a CPU: the committed GDN state blew up). The
-    copies are of [n, ...] activations, never of a cache."""
+    copies are of [n, ...] activations, never of a cache, and made only while compiling (eagerly the region
+    is a plain call, and a view is as good as a copy)."""
+    if not torch.compiler.is_compiling():
+        return tensors
     return tuple(t.clone(memory_format=torch.contiguous_format) for t in tensors)
 
 
