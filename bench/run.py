@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from bench.budget_figures import budget_figures, budget_table
+from bench.compile_depth import compile_depth_figures, compile_depth_table
 from bench.decode_figures import decode_figures, prompt_length_check
 from bench.decode_speed import compare_workers
 from bench.op_counts import op_count_figures
@@ -241,6 +242,13 @@ def markdown(results: dict) -> str:
         "",
         *_compiled_table(results["compiled"]),
         "",
+        "Compile seconds against depth: the default experiment's graphs on tiny-width twins of Qwen3.6-27B's "
+        "layer pattern at 4, 16 and 64 layers and of Qwen3-Next at its 48, one thread, cold (an empty compile "
+        "cache) and warm (a second process on the same cache), the AR round compiled flat (every layer inline, "
+        "as before per-kind regions) beside (`bench.compile_depth`):",
+        "",
+        *compile_depth_table(results["compile_depth"]),
+        "",
         "The worker's costs on tiny_hybrid, and the orchestrator against an sshd and an `mlflow server` on 127.0.0.1:",
         "",
         "| figure | value | aim |",
@@ -268,6 +276,7 @@ def main() -> None:
         "op_counts": op_count_figures(),
         "speed": compare_workers(args.baseline, args.decode_repeats),
         "compiled": _compiled_runs(),
+        "compile_depth": compile_depth_figures(),
         "worker": worker_figures(args.repeats),
         "orchestrator": orchestrator_figures(args.repeats),
     }

@@ -2,7 +2,8 @@
 (`remote_worker.models.blocks`), and the compiled prefill and DDTree round emit AR's tokens.
 
 Compiling takes a minute or so per model on a CPU, so those are `slow` tests of `make test` only; the oldest
-supported transformers (`make test-compat`) compiles one model, in `tests/test_fixed_round.py`."""
+supported transformers (`make test-compat`) compiles one model, in `tests/test_fixed_round.py` (this module
+is not marked `worker`, so it does not run there)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,6 @@ from remote_worker.decoding.fixed_prefill import FixedPrefill
 from remote_worker.decoding.fixed_round import FixedRound
 from remote_worker.decoding.loop import decode, decode_from, fixed_capacity, prefill
 from tests.tiny_models import random_prompt, tiny
-
-pytestmark = pytest.mark.worker
-
 
 def traced_regions(step) -> tuple[Counter, int]:
     """Trace `step` as a compiled round is traced (fullgraph, fixed shapes; dynamo only, nothing generated):
