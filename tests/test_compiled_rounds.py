@@ -18,6 +18,7 @@ from remote_worker.decoding.fixed_round import FixedRound
 from remote_worker.decoding.loop import decode, decode_from, fixed_capacity, prefill
 from tests.tiny_models import random_prompt, tiny
 
+
 def traced_regions(step) -> tuple[Counter, int]:
     """Trace `step` as a compiled round is traced (fullgraph, fixed shapes; dynamo only, nothing generated):
     how many times each traced region is called, and how many distinct regions were traced."""
