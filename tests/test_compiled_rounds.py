@@ -202,3 +202,25 @@ def test_the_compile_cache_off_uses_a_scratch_folder_of_the_run_and_no_cache(tmp
         os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
         if before is not None:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
+
+
+def test_a_long_compile_reports_progress_while_it_compiles() -> None:
+    """`CompileProgress`: a line as each graph starts and then every `every` seconds from its own thread (so
+    the orchestrator's stall warning never fires on a compile); the bar counts seconds, its total the time
+    so far plus the graphs left at the mean time of those compiled."""
+    import time
+
+    from remote_worker.decoding.compiled import CompileProgress
+
+    sent: list[tuple[int, int, str]] = []
+    clock = CompileProgress(lambda done, total, message: sent.append((done, total, message)), graphs=3, every=0.05)
+    with clock.graph("prefill"):
+        deadline = time.monotonic() + 30
+        while len(sent) < 3 and time.monotonic() < deadline:  # the ticker's lines come while this one works
+            time.sleep(0.01)
+    first = len(sent)
+    with clock.graph("ar round"):
+        pass
+    assert first >= 3 and all(message.startswith("compiling the prefill (1/3) · 0:0") for _, _, message in sent[:first])
+    assert sent[first][2] == "compiling the ar round (2/3) · 0:00"
+    assert all(total >= done for done, total, _ in sent) and len(clock.took) == 2
