@@ -199,3 +199,32 @@ def test_the_launcher_waits_for_results_and_names_jobs_that_left_none(
         "times.",
     }
     assert "job #2: not started: the sweep was interrupted (Ctrl-C)" in capsys.readouterr().out
+
+
+def test_a_cancel_mark_is_read_whole_or_not_at_all(tmp_path) -> None:
+    """A job polls the mark while another cancels: it reads no mark or the whole first reason, never an
+    empty one (the mark used to be created first and filled after), and a second reason never replaces it."""
+    import threading
+
+    from orchestrator.sweep.membership import Sweep, cancel_reason
+
+    seen: list[str | None] = []
+    for attempt in range(200):
+        folder = tmp_path / str(attempt)
+        folder.mkdir()
+        sweep = Sweep(dir=folder, parent_run_id="p", job_num=0, fail_fast=True)
+        stop = threading.Event()
+
+        def poll(folder=folder, stop=stop) -> None:
+            while not stop.is_set():
+                seen.append(cancel_reason(folder))
+
+        reader = threading.Thread(target=poll)
+        reader.start()
+        sweep.cancel("job 3 failed: it ran out of memory")
+        sweep.cancel("a later reason")
+        stop.set()
+        reader.join()
+        assert cancel_reason(folder) == "job 3 failed: it ran out of memory"
+        assert sorted(p.name for p in folder.iterdir()) == ["cancelled"]
+    assert set(seen) <= {None, "job 3 failed: it ran out of memory"}

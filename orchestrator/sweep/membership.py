@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,13 +41,20 @@ class Sweep:
         return cancel_reason(self.dir)
 
     def cancel(self, reason: str) -> None:
-        """Stop the rest of the sweep; the first reason given is kept."""
+        """Stop the rest of the sweep; the first reason given is kept. The mark appears whole: the reason is
+        written to a file of its own, then linked to the mark's name (`link` fails when the mark exists, so
+        a later reason never replaces the first), never created empty and filled after, which a job
+        polling between the two read as a cancel with no reason."""
+        fd, scratch = tempfile.mkstemp(dir=self.dir, prefix=f".{CANCELLED_FILE}-")
         try:
-            fd = os.open(self.dir / CANCELLED_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(reason + "\n")
+            os.chmod(scratch, 0o644)
+            os.link(scratch, self.dir / CANCELLED_FILE)
         except FileExistsError:
-            return
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(reason + "\n")
+            pass
+        finally:
+            os.unlink(scratch)
 
     def check(self) -> None:
         """Raise SweepCancelled when the sweep was cancelled (called between polls of a running job)."""
