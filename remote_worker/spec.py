@@ -119,4 +119,4 @@ def load_spec(path: Path) -> Spec:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise SpecError(f"spec: {path} is not valid JSON: {exc}") from exc
-    return parse_spec(raw, path.parent)
+    return parse_spec(raw, path.resolve().parent)  # absolute: the worker is started as `run spec.json`

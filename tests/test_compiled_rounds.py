@@ -141,12 +141,14 @@ def test_a_second_worker_on_the_same_work_folder_compiles_from_the_hosts_cache(t
     WORKDIR/compile-cache (`compile_cache: miss`), the second compiles every graph from it (`hit`), and both
     emit the same tokens."""
     import json
+    import os
     import subprocess
     import sys
 
     from omegaconf import OmegaConf
 
     from orchestrator import CONF_DIR
+    from orchestrator.config.paths import PROJECT_ROOT
     from orchestrator.stream.events import split_events
     from remote_worker.experiments.ddtree_gdn import GENERATIONS_FILE
 
@@ -163,7 +165,10 @@ def test_a_second_worker_on_the_same_work_folder_compiles_from_the_hosts_cache(t
                        "node_costs": False},
         }  # fmt: skip
         (run_dir / "spec.json").write_text(json.dumps(spec))
-        done = subprocess.run([sys.executable, "-m", "remote_worker", "run", str(run_dir / "spec.json")], check=False)
+        # started as the orchestrator starts it: in its run folder, the spec named relatively
+        command = [sys.executable, "-m", "remote_worker", "run", "spec.json"]
+        env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
+        done = subprocess.run(command, cwd=run_dir, env=env, check=False)
         assert done.returncode == 0, (run_dir / "events.jsonl").read_text()[-2000:]
         events = split_events((run_dir / "events.jsonl").read_bytes())[0]
         params = {k: v for e in events if e.kind == "params" and e.scope is None for k, v in e.data.items()}

@@ -29,8 +29,9 @@ FOLDER = "compile-cache"
 
 
 def cache_folder(run_dir: Path) -> Path:
-    """`WORKDIR/compile-cache/inductor` for a run in `WORKDIR/runs/<id>/`."""
-    return run_dir.parent.parent / FOLDER / "inductor"
+    """`WORKDIR/compile-cache/inductor` for a run in `WORKDIR/runs/<id>/` (the worker is started in its run
+    folder: a relative `.` would have no parents)."""
+    return run_dir.resolve().parent.parent / FOLDER / "inductor"
 
 
 def _tally() -> tuple[int, int]:

@@ -371,8 +371,8 @@ def _compiled_rounds(
     outcome.cache = cache.outcome()
     log.emit("params", {"compile_cache": outcome.cache})
     LOG.info(
-        "compiled the prefill and %d rounds in %.1f s (compile cache: %s, %s)",
-        len(methods), time.perf_counter() - started, outcome.cache, cache.folder,
+        "compiled the prefill and %d rounds in %.1f s (compile cache: %s)",
+        len(methods), time.perf_counter() - started, outcome.cache,
     )  # fmt: skip
     return outcome
 
