@@ -95,7 +95,6 @@ class CompiledRounds:
     prefiller: FixedPrefill | None = None  # the compiled prefill every prompt goes through
     compile_seconds: dict[str, float] = field(default_factory=dict)  # method scope (or "prefill") -> its warm-up
     graphs_after_warmup: int = 0
-    cache: str = "off"  # what the host's compile cache did: hit, partial, miss, off (`compile_cache`)
 
     def recompiles(self) -> int:
         """Graphs compiled since the warm-up ended (each is a recompilation of some method's round)."""
@@ -161,5 +160,5 @@ def compile_rounds(
         return f"{where}: {type(error).__name__}: {text}"[:300]
     compiled.graphs_after_warmup = counters["stats"]["unique_graphs"]
     total = int(time.monotonic() - clock.started)
-    (progress or (lambda *_: None))(total, max(total, 1), f"compiled in {sum(compiled.compile_seconds.values()):.0f} s")
+    clock.send(total, max(total, 1), f"compiled in {sum(compiled.compile_seconds.values()):.0f} s")
     return compiled

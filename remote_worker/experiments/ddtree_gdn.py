@@ -368,11 +368,11 @@ def _compiled_rounds(
     if isinstance(outcome, str):
         LOG.warning("decode.compile: torch.compile failed on this host, decoding eagerly (%s)", outcome)
         return None
-    outcome.cache = cache.outcome()
-    log.emit("params", {"compile_cache": outcome.cache})
+    cached = cache.outcome()
+    log.emit("params", {"compile_cache": cached})
     LOG.info(
         "compiled the prefill and %d rounds in %.1f s (compile cache: %s)",
-        len(methods), time.perf_counter() - started, outcome.cache,
+        len(methods), time.perf_counter() - started, cached,
     )  # fmt: skip
     return outcome
 
