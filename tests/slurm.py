@@ -33,6 +33,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from orchestrator.handover import write_whole
+
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLUSTER_FILE = "cluster.json"
 KILL_WAIT_S = 10
@@ -225,7 +227,7 @@ def shared_cluster(folder: Path) -> SlurmCluster:
                 return cluster
             _stop(cluster.pids)
         cluster = start_cluster(folder / "cluster")
-        record.write_text(json.dumps(asdict(cluster)))
+        write_whole(record, json.dumps(asdict(cluster)))  # a test process killed mid-write leaves none
         return cluster
 
 

@@ -16,7 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.host.leases import RESERVED
+from orchestrator.handover import sh_write_whole
+from orchestrator.host.leases import CLAIM_SCRATCH, RESERVED, TAKEN
 from orchestrator.host.transport import Transport
 from remote_worker.prompt_set import RUN_PROMPTS_FILE
 
@@ -43,25 +44,29 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # The lock folder is shared by every user of the host (sticky and world-writable, like /tmp); a lock file
 # is opened read-only, so another user's file locks as well as one's own. A lease taken ends the claim a pool's
 # job may hold on that GPU (`leases.py`): 0 in this user's reservation file, the newest, means taken.
+# Every file the status script reads is written whole (`sh_write_whole`): a status read between `>` and the
+# echo saw an empty pid and called a live worker vanished.
+_WRITE_WAITING = sh_write_whole('"$gpus"', WAITING_FILE)
+_WRITE_LEASE = sh_write_whole('"$lease $(date +%s.%N)"', LEASE_FILE)
+_WRITE_LEASE_END = sh_write_whole(f'"$(cat {LEASE_FILE}) $(date +%s.%N)"', LEASE_FILE)
 _SUPERVISE = (
-    "echo $$ > pid; "
-    f"if [ -e {CANCELLED_FILE} ]; then rm -f {ENV_FILE}; echo 143 > exit_code.part; "
-    "mv exit_code.part exit_code; exit 0; fi; "
-    f"if ! worker_env=$(cat {ENV_FILE}); then echo 1 > exit_code.part; mv exit_code.part exit_code; exit 1; fi; "
+    f"{sh_write_whole('$$', PID_FILE)}; "
+    f"if [ -e {CANCELLED_FILE} ]; then rm -f {ENV_FILE}; {sh_write_whole('143', EXIT_CODE_FILE)}; exit 0; fi; "
+    f"if ! worker_env=$(cat {ENV_FILE}); then {sh_write_whole('1', EXIT_CODE_FILE)}; exit 1; fi; "
     f"rm -f {ENV_FILE}; "
     "gpus=$1; locks=$2; shift 2; "
     'if [ -n "$gpus" ]; then [ -d "$locks" ] || { mkdir -p "$locks" && chmod 1777 "$locks"; } 2>/dev/null; lease=; '
     'while [ -z "$lease" ]; do for g in $gpus; do f="$locks/gpu$g.lock"; '
     '[ -e "$f" ] || (umask 0; : >> "$f"); exec 9<"$f"; '
     "if flock -n 9; then lease=$g; break; fi; exec 9<&-; done; "
-    f'[ -n "$lease" ] || {{ echo "$gpus" > {WAITING_FILE}; sleep 1; }}; done; '
-    f'for r in "$locks/gpu$lease.{RESERVED}".*; do [ -e "$r" ] && echo 0 > "$locks/gpu$lease.{RESERVED}.$(id -u)"; '
+    f'[ -n "$lease" ] || {{ {_WRITE_WAITING}; sleep 1; }}; done; '
+    f'for r in "$locks/gpu$lease.{RESERVED}".*; do [ -e "$r" ] && {sh_write_whole("0", TAKEN, CLAIM_SCRATCH)}; '
     "break; done 2>/dev/null; "
-    f'rm -f {WAITING_FILE}; echo "$lease $(date +%s.%N)" > {LEASE_FILE}; export CUDA_VISIBLE_DEVICES=$lease; fi; '
+    f"{_WRITE_LEASE}; rm -f {WAITING_FILE}; "
+    "export CUDA_VISIBLE_DEVICES=$lease; fi; "
     '(eval "$worker_env" && exec "$@"); code=$?; '
-    f'if [ -n "$gpus" ]; then echo "$(cat {LEASE_FILE}) $(date +%s.%N)" > {LEASE_FILE}.part; '
-    f"mv {LEASE_FILE}.part {LEASE_FILE}; fi; "
-    "echo $code > exit_code.part; mv exit_code.part exit_code"
+    f'if [ -n "$gpus" ]; then {_WRITE_LEASE_END}; fi; '
+    f"{sh_write_whole('$code', EXIT_CODE_FILE)}"
 )
 _DETACH = (
     'cd "$1" || exit 1; shift; '

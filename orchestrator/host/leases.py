@@ -18,11 +18,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from orchestrator.handover import sh_write_whole
 from orchestrator.host.transport import Transport
 
 RESERVED = "reserved"
 POOL_LOCK = "pool.lock"
 PROBE_LOCK_WAIT_S = 30  # another job's probe holds the pool lock for milliseconds; this long means trouble
+
+# A claim is written whole (a probe reading one half written took the GPU as free), by way of a scratch
+# file that no probe's glob matches.
+GPU_CLAIM = f'"$locks/gpu$g.{RESERVED}.$me"'
+_HOST_CLAIM = f'"$locks/host.{RESERVED}.$me.$now.$$"'
+CLAIM_SCRATCH = '"$locks/.claim.$(id -u).$$"'
+TAKEN = f'"$locks/gpu$lease.{RESERVED}.$(id -u)"'  # the supervisor's "0": the GPU's claim is now its lease
 
 # A fixed script; values are positional: $1 the lock folder, $2 the candidates ("0 1", auto or none), $3 the
 # work dir, $4 how long a claim lasts (s), $5 claim (1) or only look (0). Under the host's pool lock (so two
@@ -63,9 +71,11 @@ _PROBE = (
     'echo "busy $busy"; echo "reserved $reserved"; echo "free$free"; echo "running $running"; '
     '[ "$claim" = 1 ] || exit 0; '
     'if [ -z "$gpus" ]; then '
-    f'echo $((now + ttl)) 2>/dev/null > "$locks/host.{RESERVED}.$me.$now.$$"; echo "claimed host"; exit 0; fi; '
+    f"{sh_write_whole('$((now + ttl))', _HOST_CLAIM, CLAIM_SCRATCH)} 2>/dev/null; "
+    'echo "claimed host"; exit 0; fi; '
     "for g in $free; do "
-    f'echo $((now + ttl)) > "$locks/gpu$g.{RESERVED}.$me" && {{ echo "claimed $g"; exit 0; }}; done; '
+    f"{sh_write_whole('$((now + ttl))', GPU_CLAIM, CLAIM_SCRATCH)} && "
+    '{ echo "claimed $g"; exit 0; }; done; '
     'echo "claimed none"'
 )
 

@@ -212,7 +212,7 @@ def launch(job: Job, report: dict[str, Any], code_dir: str) -> None:
 # event log and spec stay; the earlier attempt's stderr is kept beside).
 _CLEAR_ATTEMPT = (
     'cd "$1" || exit 1; [ -f stderr.log ] && mv -f stderr.log stderr.previous.log; '
-    "rm -f pid exit_code exit_code.part gpu_lease gpu_lease.part waiting_for_gpu cancelled; exit 0"
+    "rm -f pid exit_code gpu_lease waiting_for_gpu cancelled ./*.part.*; exit 0"
 )
 
 

@@ -8,6 +8,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from orchestrator.handover import read_whole, write_whole
+
 
 class LocalFailure(Exception):
     """Something on this machine failed (the state folder, the local disk): the message names the file or
@@ -51,9 +53,7 @@ class StateStore:
     def save(self, state: StreamState) -> None:
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
-            tmp = self.path(state.run_id).with_suffix(f".{os.getpid()}.tmp")  # two processes never share one
-            tmp.write_text(json.dumps(asdict(state), indent=1), encoding="utf-8")
-            os.replace(tmp, self.path(state.run_id))
+            write_whole(self.path(state.run_id), json.dumps(asdict(state), indent=1))
         except OSError as exc:
             raise LocalFailure(f"orchestrator.state_dir {self.dir.parent}: {exc.strerror or exc}") from exc
 
@@ -91,7 +91,5 @@ class StateStore:
             return "?"
 
     def load(self, run_id: str) -> StreamState | None:
-        path = self.path(run_id)
-        if not path.exists():
-            return None
-        return StreamState(**json.loads(path.read_text(encoding="utf-8")))
+        text = read_whole(self.path(run_id))
+        return None if text is None else StreamState(**json.loads(text))

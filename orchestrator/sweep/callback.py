@@ -5,7 +5,6 @@ Hydra instantiates callbacks for every run, so MLflow is imported only when a mu
 
 from __future__ import annotations
 
-import json
 import signal
 import sys
 import time
@@ -19,7 +18,7 @@ from rich.console import Console
 
 from orchestrator.config.redaction import overrides_tag
 from orchestrator.sweep.job_errors import runless_jobs
-from orchestrator.sweep.membership import CANCELLED_FILE, SWEEP_FILE, Sweep
+from orchestrator.sweep.membership import CANCELLED_FILE, Sweep, read_sweep_record, write_sweep_record
 from orchestrator.tracking import tags
 from orchestrator.tracking.status import RunStatus
 
@@ -59,7 +58,7 @@ class SweepCallback(Callback):
             "jobs": jobs,
             "swept": swept,
         }
-        (folder / SWEEP_FILE).write_text(json.dumps(record) + "\n", encoding="utf-8")
+        write_sweep_record(folder, record)
         count = f"{jobs} jobs" if jobs else "jobs"
         Console().print(f"[bold]sweep[/bold] {run.info.run_id} · {count}, each a child run · {folder}")
         Console().print(
@@ -90,7 +89,8 @@ class SweepCallback(Callback):
         signal.signal(signal.SIGINT, self._previous_handler)
         folder = Path(str(config.hydra.sweep.dir)).absolute()
         redact_hydra_outputs(folder)
-        record = json.loads((folder / SWEEP_FILE).read_text(encoding="utf-8"))
+        record = read_sweep_record(folder)
+        assert record is not None, "on_multirun_start wrote it"
         status = summarize_sweep(
             _client(config),
             record["experiment_id"],

@@ -25,6 +25,7 @@ from omegaconf import DictConfig
 
 from orchestrator.config.settings import JobConfig
 from orchestrator.config.validation import ConfigError, validate
+from orchestrator.handover import read_whole, write_whole
 from orchestrator.host.connect import transport_for
 from orchestrator.host.leases import Leases, ProbeFailed, probe_leases
 from orchestrator.host.transport import CONNECTION_ERRORS, ConnectFailed, HostKeyRefused, Transport
@@ -133,9 +134,7 @@ class Turns:
 
     def _mark(self, text: str) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
-        part = self.folder / f"{self.number}.part{os.getpid()}"
-        part.write_text(text + "\n", encoding="utf-8")
-        part.replace(self.folder / str(self.number))
+        write_whole(self.folder / str(self.number), text + "\n")
 
     def enter(self) -> None:
         self._mark(f"waiting {socket.gethostname()} {os.getpid()} {self.pool}")
@@ -146,7 +145,7 @@ class Turns:
     def my_turn(self) -> bool:
         for earlier in range(self._passed, self.number):
             try:
-                words = (self.folder / str(earlier)).read_text(encoding="utf-8").split()
+                words = (read_whole(self.folder / str(earlier)) or "").split()
             except OSError:
                 words = []
             if not words and time.monotonic() - self._since < self.arrival_grace_s:

@@ -12,6 +12,8 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
+from orchestrator.handover import read_whole, write_whole
+
 JOB_ERROR_FILE = "error.txt"
 
 
@@ -23,14 +25,14 @@ def record_job_error(error: str) -> None:
     if hydra_cfg.mode == RunMode.MULTIRUN:
         folder = Path(str(hydra_cfg.runtime.output_dir))
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / JOB_ERROR_FILE).write_text(error + "\n", encoding="utf-8")
+        write_whole(folder / JOB_ERROR_FILE, error + "\n")
 
 
 def record_runless(job_dir: Path, error: str) -> None:
     """A job the launcher knows never had a run (cancelled while queued, crashed in submitit): its `error` for
     the summary."""
     job_dir.mkdir(parents=True, exist_ok=True)
-    (job_dir / JOB_ERROR_FILE).write_text(error + "\n", encoding="utf-8")
+    write_whole(job_dir / JOB_ERROR_FILE, error + "\n")
 
 
 def runless_jobs(folder: Path, started: float) -> dict[int, str]:
@@ -46,5 +48,5 @@ def runless_jobs(folder: Path, started: float) -> dict[int, str]:
         error = job_dir / JOB_ERROR_FILE
         fresh = error.exists() and error.stat().st_mtime >= started
         if fresh or (written.is_file() and written.stat().st_mtime >= started):
-            jobs[int(job_dir.name)] = error.read_text(encoding="utf-8").strip() if fresh else ""
+            jobs[int(job_dir.name)] = (read_whole(error) or "").strip() if fresh else ""
     return jobs

@@ -8,14 +8,14 @@ sharing the folder). A job that ends the sweep early writes `<sweep dir>/cancell
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
+
+from orchestrator.handover import read_whole, write_first, write_whole
 
 SWEEP_FILE = "sweep.json"
 CANCELLED_FILE = "cancelled"
@@ -41,20 +41,10 @@ class Sweep:
         return cancel_reason(self.dir)
 
     def cancel(self, reason: str) -> None:
-        """Stop the rest of the sweep; the first reason given is kept. The mark appears whole: the reason is
-        written to a file of its own, then linked to the mark's name (`link` fails when the mark exists, so
-        a later reason never replaces the first), never created empty and filled after, which a job
-        polling between the two read as a cancel with no reason."""
-        fd, scratch = tempfile.mkstemp(dir=self.dir, prefix=f".{CANCELLED_FILE}-")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(reason + "\n")
-            os.chmod(scratch, 0o644)
-            os.link(scratch, self.dir / CANCELLED_FILE)
-        except FileExistsError:
-            pass
-        finally:
-            os.unlink(scratch)
+        """Stop the rest of the sweep; the first reason given is kept. The mark appears whole, reason and
+        all (`write_first`): created empty and filled after, a job polling between the two read a cancel
+        with no reason."""
+        write_first(self.dir / CANCELLED_FILE, reason + "\n")
 
     def check(self) -> None:
         """Raise SweepCancelled when the sweep was cancelled (called between polls of a running job)."""
@@ -65,8 +55,19 @@ class Sweep:
 
 def cancel_reason(folder: Path) -> str | None:
     """Why the sweep in `folder` was cancelled, or None (also read by a launcher, which has no `Sweep`)."""
-    path = folder / CANCELLED_FILE
-    return path.read_text(encoding="utf-8").strip() if path.exists() else None
+    text = read_whole(folder / CANCELLED_FILE)
+    return None if text is None else text.strip()
+
+
+def write_sweep_record(folder: Path, record: dict[str, Any]) -> None:
+    """`sweep.json`: the parent run and the grid, for every job (written whole: a Slurm job may start at once)."""
+    write_whole(folder / SWEEP_FILE, json.dumps(record) + "\n")
+
+
+def read_sweep_record(folder: Path) -> dict[str, Any] | None:
+    """The sweep's record, or None when it is not written yet."""
+    text = read_whole(folder / SWEEP_FILE)
+    return None if text is None else json.loads(text)
 
 
 def sweep_dir_of(hydra_cfg: Any) -> Path:
@@ -80,6 +81,8 @@ def current_sweep(fail_fast: bool) -> Sweep | None:
     if hydra_cfg.mode != RunMode.MULTIRUN:
         return None
     folder = sweep_dir_of(hydra_cfg)
-    record = json.loads((folder / SWEEP_FILE).read_text(encoding="utf-8"))
+    record = read_sweep_record(folder)
+    if record is None:
+        raise FileNotFoundError(f"{folder / SWEEP_FILE}: the sweep's record is missing")
     swept = tuple(record.get("swept") or ())
     return Sweep(folder, record["parent_run_id"], int(hydra_cfg.job.num), fail_fast, record.get("jobs"), swept)

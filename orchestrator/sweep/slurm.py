@@ -36,6 +36,8 @@ from enum import Enum
 from pathlib import Path
 from types import FrameType
 
+from orchestrator.handover import write_whole
+
 # Our own stop of the worker must fit in Slurm's KillWait (30 s by default, often less): SIGTERM, then SIGKILL.
 STOP_GRACE_S = 5.0
 _SCONTROL_TIMEOUT_S = 10.0
@@ -178,9 +180,7 @@ class StartedRun:
 def record_run(folder: Path, job: SlurmJob, run: StartedRun) -> None:
     """Note the run this Slurm job started, for the same job after a requeue (written before the worker starts)."""
     folder.mkdir(parents=True, exist_ok=True)
-    part = folder / f"{RUN_RECORD}.part"
-    part.write_text(json.dumps({"slurm_job_id": job.job_id, **asdict(run)}) + "\n", encoding="utf-8")
-    part.replace(folder / RUN_RECORD)
+    write_whole(folder / RUN_RECORD, json.dumps({"slurm_job_id": job.job_id, **asdict(run)}) + "\n")
 
 
 def recorded_run(folder: Path, job: SlurmJob) -> StartedRun | None:

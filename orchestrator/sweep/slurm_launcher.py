@@ -34,6 +34,7 @@ from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as PluginSlurmLauncher
 from omegaconf import OmegaConf
 
+from orchestrator.handover import write_whole
 from orchestrator.sweep.job_errors import record_runless
 from orchestrator.sweep.membership import cancel_reason
 from orchestrator.sweep.slurm import job_fields
@@ -66,7 +67,7 @@ class SweepSlurmLauncher(PluginSlurmLauncher):
         jobs = executor.map_array(self, *zip(*job_params, strict=True))
         numbers = [params[2] for params in job_params]
         ids = {number: job.job_id for number, job in zip(numbers, jobs, strict=True)}
-        (sweep_dir / JOBS_FILE).write_text(json.dumps(ids) + "\n", encoding="utf-8")
+        write_whole(sweep_dir / JOBS_FILE, json.dumps(ids) + "\n")
         array = jobs[0].job_id.split("_")[0]
         print(f"submitted {len(jobs)} jobs to Slurm as array {array} (squeue -j {array})", flush=True)
         return _wait(sweep_dir, list(zip(numbers, job_overrides, jobs, strict=True)))
