@@ -168,7 +168,8 @@ class FakeHost:
             script = argv[3]
             if script == "launch":
                 self.run_dir = argv[4]
-                if self.worker.starts:
+                if self.worker.starts:  # the supervisor reads worker.env and deletes it first
+                    self.files.pop(posixpath.join(self.run_dir, "worker.env"), None)
                     self.worker.state = "running"
                     self.files[posixpath.join(self.run_dir, "pid")] = f"{self.worker.pid}\n".encode()
                 else:
@@ -197,6 +198,9 @@ class FakeHost:
                 code = 0 if self.worker.state == "running" else 1
             else:
                 self._terminate(signal_name)
+        elif argv[:2] == ["rm", "-f"]:
+            for path in argv[2:]:
+                self.files.pop(path, None)
         elif len(argv) > 2 and argv[1] == "-c":  # the preflight script
             out = json.dumps(REPORT) + "\n"
         return command_result(argv, code, out, err, check)

@@ -181,10 +181,12 @@ def test_a_start_command_that_prints_nothing_fails_after_the_start_timeout(
 def test_attach_to_a_run_whose_worker_never_started_says_so(tmp_path: Path, tracking: FakeTracking) -> None:
     worker = FakeWorker(decode_log(), starts=False)
     config = job_config(tmp_path, "orchestrator.start_timeout_s=0.05")
-    run(config, FakeHost(worker))
+    host = FakeHost(worker)
+    run(config, host)
     job = the_run(tracking)
     job.status = "RUNNING"  # as if the first orchestrator had died before it could end the run
-    code, out = run(job_config(tmp_path, f"attach={job.run_id}", "orchestrator.start_timeout_s=0.05"), FakeHost(worker))
+    assert not [path for path in host.files if path.endswith("/worker.env")]  # the failed launch removed it
+    code, out = run(job_config(tmp_path, f"attach={job.run_id}", "orchestrator.start_timeout_s=0.05"), host)
     assert code == 1, out
     assert job.status == "FAILED" and "the worker never started" in job.tags[tags.ERROR]
 

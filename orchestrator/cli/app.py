@@ -17,7 +17,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
@@ -29,6 +29,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from orchestrator.cli.listing import find_run, list_runs, print_logs
+from orchestrator.config.location import located
 from orchestrator.config.redaction import redact_hydra_outputs, redact_text
 from orchestrator.config.settings import Command, JobConfig
 from orchestrator.config.validation import ConfigError, validate
@@ -102,7 +103,7 @@ def _run_job(cfg: DictConfig) -> int:
     for chatty in ("alembic", "mlflow", "urllib3"):  # a local store's migrations, retries we report ourselves
         logging.getLogger(chatty).setLevel(logging.WARNING)
     try:
-        config = validate(assign_host(cfg))
+        config = replace(validate(assign_host(cfg)), host_overrides=_host_overrides())
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         record_job_error(f"config error: {exc}")
@@ -210,14 +211,15 @@ def attach_command_(config: JobConfig, console: Console, transport_for: Transpor
     client = open_tracking(config.tracking)
     store = open_state(config)
     found = attached_state(client, store, config)
-    state = found.state
+    state, config = found.state, found.config
     if store.lock(state.run_id) is None:
         raise ConfigError(
             f"run {state.run_id} is followed by another orchestrator here (pid {store.holder(state.run_id)}); "
             "stop that one first"
         )
     transport = transport_for(config)
-    if (code := _reach(config, transport)) is not None:
+    if (code := _reach(config, transport)) is not None or (code := _findable(config, transport, found)) is not None:
+        store.release(state.run_id)
         return code
     experiment_id, started_s_ago = found.experiment_id, found.started_s_ago
     return _follow(
@@ -230,9 +232,9 @@ def cancel_command(config: JobConfig, console: Console, transport_for: Transport
     client = open_tracking(config.tracking)
     store = open_state(config)
     found = attached_state(client, store, config)
-    state = found.state
+    state, config = found.state, found.config
     transport = transport_for(config)
-    if (code := _reach(config, transport)) is not None:
+    if (code := _reach(config, transport)) is not None or (code := _findable(config, transport, found)) is not None:
         return code
     if found.slurm_job is not None:  # its follower is a Slurm job, maybe on another node: Slurm stops it
         return _cancel_slurm_job(config, console, transport, state, found.slurm_job)
@@ -254,6 +256,29 @@ def _reach(config: JobConfig, transport: Transport) -> int | None:
         transport.close()
         return RunStatus.FAILED.exit_code
     return None
+
+
+def _findable(config: JobConfig, transport: Transport, found: Attached) -> int | None:
+    """The run's folder is where the run says it is, or the command stops here with one line and changes
+    nothing (a run whose folder was never written, its orchestrator stopped before the launch, is ended by
+    attach and cancel as one that never started); None when it is there to follow."""
+    if found.run_dir is None or found.state.last_seq >= 0:
+        return None
+    try:
+        missing = worker_status(transport, found.state.run_dir).state == "missing"
+    except Exception as exc:  # noqa: BLE001 - as every command's connect failure
+        print(f"{config.host.name}: {exc}", file=sys.stderr)
+        transport.close()
+        return RunStatus.FAILED.exit_code
+    if not missing:
+        return None
+    transport.close()
+    print(
+        f"{config.host.name}: run {found.state.run_id[:8]} has no folder at {found.state.run_dir}, where the run "
+        "says it lives; nothing was changed",
+        file=sys.stderr,
+    )
+    return RunStatus.FAILED.exit_code
 
 
 def _stop_followed(config: JobConfig, console: Console, transport: Transport, state: StreamState, pid: str) -> int:
@@ -329,15 +354,32 @@ def list_command(config: JobConfig, console: Console, transport_for: TransportFa
 
 
 def logs_command(config: JobConfig, console: Console, transport_for: TransportFactory) -> int:
-    """The worker's stderr and log lines (follow=true: until the worker ends; Ctrl-C stops reading only)."""
-    run_id = str(config.run_id) if len(str(config.run_id)) == 32 else find_run(open_tracking(config.tracking), config)
+    """The worker's stderr and log lines (follow=true: until the worker ends; Ctrl-C stops reading only).
+
+    The run's folder is where the run says it lives (its tags); without MLflow, a full run id is looked for
+    in the config's work folder."""
+    run_id = str(config.run_id)
+    try:
+        client = open_tracking(config.tracking)
+    except TrackingUnavailable as exc:
+        if len(run_id) != 32:
+            raise
+        console.print(f"[yellow]{exc}: looking for the run in {config.host.workdir}[/yellow]")
+    else:
+        run_id = find_run(client, config)
+        try:
+            with outages_named():
+                run = client.get_run(run_id)
+        except MlflowException as exc:
+            raise ConfigError(f"no MLflow run {run_id} at this tracking URI") from exc
+        config = located(config, run_id, run.data.tags)
     transport = transport_for(config)
     try:
         transport.open()
         with CtrlC(console) as ctrl_c:
             return print_logs(
                 console, transport, run_dir_for(config.host.workdir, run_id), config.follow,
-                config.orchestrator.poll_interval_s, ctrl_c.check,
+                config.orchestrator.poll_interval_s, ctrl_c.check, name=f"{config.host.name}: run {run_id[:8]}",
             )  # fmt: skip
     except KeyboardInterrupt:
         return 0
@@ -416,6 +458,8 @@ class Attached:
     state: StreamState
     started_s_ago: float  # for the start deadline
     model: str  # the run's own (its `model` tag): the command line's `model=` is only its default
+    config: JobConfig  # the command's, with the host placed where the run lives (its own record)
+    run_dir: str | None = None  # its folder on the host, once its launch wrote one (the run's record)
     slurm_job: str | None = None  # the Slurm job that follows it (a sweep job of submitit_slurm)
 
 
@@ -429,13 +473,12 @@ def attached_state(client: MlflowClient, store: StateStore, config: JobConfig) -
         raise ConfigError(f"no MLflow run {run_id} at this tracking URI") from exc
     if run.info.status != "RUNNING":
         raise ConfigError(f"run {run_id} has already ended ({run.info.status})")
-    ran_on = run.data.tags.get(tags.HOST)
-    if ran_on != config.host.name:
-        raise ConfigError(f"run {run_id} ran on host {ran_on!r}; pass host={ran_on}")
+    config = located(config, run_id, run.data.tags)
     state = store.load(run_id) or _state_from_tags(config, run_id, run.data.tags)
     started_s_ago = max(0.0, time.time() - run.info.start_time / 1000)
     model, slurm_job = run.data.tags.get(tags.MODEL) or "?", run.data.tags.get(tags.SLURM_JOB_ID)
-    return Attached(run.info.experiment_id, state, started_s_ago, model, slurm_job)
+    run_dir = run.data.tags.get(tags.HOST_RUN_DIR)
+    return Attached(run.info.experiment_id, state, started_s_ago, model, config, run_dir, slurm_job)
 
 
 def _state_from_tags(config: JobConfig, run_id: str, run_tags: dict[str, str]) -> StreamState:
@@ -565,6 +608,13 @@ def _job_folder() -> Path:
 
 def _task_overrides() -> list[str]:
     return list(HydraConfig.get().overrides.task)
+
+
+def _host_overrides() -> frozenset[str]:
+    """The `host.*` keys set on the command line (`host.workdir=...`), which a run's own record must not
+    silently replace (`config/location.py`)."""
+    keys = (str(o).lstrip("+~").partition("=")[0] for o in _task_overrides())
+    return frozenset(key for key in keys if key.startswith("host."))
 
 
 def _swept_values(sweep: Sweep) -> dict[str, str]:

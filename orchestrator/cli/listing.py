@@ -5,6 +5,7 @@ how a run is named on the command line (`find_run`: an id, a unique prefix, or `
 from __future__ import annotations
 
 import posixpath
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,11 +50,13 @@ def find_run(client: MlflowClient, config: JobConfig) -> str:
     if len(reference) == 32:
         return reference
     runs = host_runs(client, config.host.name)
-    if reference == "last":  # attach and cancel mean the newest one still running, if there is one
+    if reference == "last":  # this host and work folder's newest run; attach and cancel: the newest still running
+        here = config.host.workdir
+        runs = [r for r in runs if r.data.tags.get(tags.HOST_WORKDIR, here) == here]
         running = [r for r in runs if r.info.status == "RUNNING"]
         chosen = running if running and config.command.value in ("attach", "cancel") else runs
         if not chosen:
-            raise ConfigError(f"no run of host {config.host.name} in this tracking store")
+            raise ConfigError(f"no run of host {config.host.name} in {here} in this tracking store")
         return chosen[0].info.run_id
     matches = [r.info.run_id for r in runs if r.info.run_id.startswith(reference)]
     if not matches:
@@ -242,9 +245,15 @@ def print_logs(
     follow: bool,
     poll_interval_s: float,
     check_interrupt: Callable[[], None],
+    name: str = "the run",
 ) -> int:
     """The worker's stderr, then its `log` and `traceback` events; with `follow`, new lines as they come,
-    until the worker is gone."""
+    until the worker is gone. A run with no folder there is one line and exit code 1; one whose worker has
+    written nothing says so."""
+    if worker_status(transport, run_dir).state == "missing":
+        print(f"{name} has no folder at {run_dir}: no logs", file=sys.stderr)
+        return 1
+    printed = False
     stderr_at = events_at = 0
     stderr_path, events_path = posixpath.join(run_dir, STDERR_FILE), posixpath.join(run_dir, EVENTS_FILE)
     while True:
@@ -254,6 +263,7 @@ def print_logs(
             end = stderr.rfind(b"\n") + 1 if follow and not gone else len(stderr)
             for line in stderr[:end].decode(errors="replace").splitlines():
                 console.print(f"stderr  {line}", markup=False, highlight=False, soft_wrap=True)
+                printed = True
             stderr_at += end
             chunk = transport.read_bytes(events_path, events_at, 4 << 20)
             events, _bad, consumed = parse_chunk(chunk, events_at)
@@ -264,9 +274,12 @@ def print_logs(
                     when = time.strftime("%H:%M:%S", time.localtime(event.t))
                     text = data.get("message") or data.get("error") or ""
                     console.print(f"{when} {event.kind:<9} {text}", markup=False, highlight=False, soft_wrap=True)
+                    printed = True
             if end == 0 and consumed == 0:
                 break
         if not follow or gone:
+            if not printed:
+                console.print(f"{name}: the worker has written no log line and nothing to stderr", style="dim")
             return 0
         check_interrupt()
         time.sleep(poll_interval_s)

@@ -188,6 +188,12 @@ def _wait_until_gone(transport: Transport, group: str, timeout_s: float) -> bool
 _CANCEL = f'cd "$1" 2>/dev/null || exit 0; : > {CANCELLED_FILE}; rm -f {ENV_FILE}'
 
 
+def forget_env(transport: Transport, run_dir: str) -> None:
+    """Remove worker.env, which holds the worker's secrets: the supervisor deletes it once read, so it is left
+    only by a launch that failed before the supervisor ran (whoever learns of that removes it)."""
+    transport.run(["rm", "-f", posixpath.join(run_dir, ENV_FILE)])
+
+
 def stop_worker(transport: Transport, run_dir: str, grace_s: float) -> WorkerStatus:
     """SIGTERM the worker's process group, then SIGKILL it after `grace_s`; return the final status.
 
@@ -199,6 +205,8 @@ def stop_worker(transport: Transport, run_dir: str, grace_s: float) -> WorkerSta
         transport.run(["sh", "-c", _CANCEL, "cancel", run_dir], check=False)
         status = worker_status(transport, run_dir)
     if status.state not in ("running", "waiting") or status.pid is None:
+        if status.state != "missing":
+            forget_env(transport, run_dir)
         return status
     group = f"-{status.pid}"  # `kill -SIG -PGID` (no `--`: dash's builtin kill rejects it)
     transport.run(["kill", "-TERM", group], check=False)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from rich.console import Console
 
@@ -30,6 +31,7 @@ from orchestrator.host.launch import (
     SPEC_FILE,
     STDERR_FILE,
     WorkerStatus,
+    forget_env,
     start_worker,
     stop_worker,
     wait_for_start,
@@ -179,6 +181,9 @@ def launch(job: Job, report: dict[str, Any], code_dir: str) -> None:
         spec = worker_spec(job.config, job.state.run_id, run_dir, prompts_sent=prompts is not None)
         write_spec(job.transport, run_dir, spec, prompts)
         job.launched = True
+        with contextlib.suppress(TrackingUnavailable, MlflowException), outages_named():
+            # The run's folder exists from now on: attach and cancel refuse to end the run where it is missing.
+            job.client.set_tag(job.state.run_id, tags.HOST_RUN_DIR, run_dir)
         start_worker(
             job.transport,
             run_dir,
@@ -189,6 +194,8 @@ def launch(job: Job, report: dict[str, Any], code_dir: str) -> None:
             host.gpu_lock_dir,
         )
     except (CommandFailed, *CONNECTION_ERRORS) as exc:
+        with contextlib.suppress(CommandFailed, *CONNECTION_ERRORS):
+            forget_env(job.transport, run_dir)
         problem = _quietly(lambda: workdir_problem(job.transport, host.workdir))
         raise PhaseFailed(Stage.LAUNCH, f"{host.name}: {problem or f'could not start the worker: {exc}'}") from exc
     timeout = job.config.orchestrator.start_timeout_s
@@ -199,6 +206,8 @@ def launch(job: Job, report: dict[str, Any], code_dir: str) -> None:
     if status.state in ("starting", "unstarted"):
         stderr = _host_text(job, STDERR_FILE).strip().splitlines()
         said = stderr[-1] if stderr else "the start command printed nothing"
+        with contextlib.suppress(CommandFailed, *CONNECTION_ERRORS):  # the supervisor never read it
+            forget_env(job.transport, run_dir)
         if status.state == "unstarted":  # its stderr says why: no need to wait for the deadline
             raise PhaseFailed(Stage.LAUNCH, f"{host.name}: the worker did not start: {said}")
         raise PhaseFailed(
@@ -269,6 +278,8 @@ def conclude(job: Job, status: WorkerStatus) -> Outcome:
 
     A worker stopped (or gone) after `cancel` marked the run ends KILLED as the user's cancel; one whose
     `end` says it finished or failed on its own keeps that."""
+    with contextlib.suppress(CommandFailed, *CONNECTION_ERRORS):  # a launch that failed left it; no secret stays
+        forget_env(job.transport, job.state.run_dir)
     end = job.mirror.end
     data = end.data if end is not None and isinstance(end.data, dict) else {}
     on_its_own = end is not None and RunStatus.from_worker(data.get("status")) is not RunStatus.KILLED
@@ -322,7 +333,7 @@ def stop(job: Job, reason: str, grace_s: float | None = None) -> Outcome:
         job.live.note(f"[yellow]{reason}: stopping the worker[/yellow]")
         for attempt in (1, 2):  # a dropped connection gets one fresh one: the stop must not give up lightly
             try:
-                stop_worker(job.transport, job.state.run_dir, grace_s)
+                final = stop_worker(job.transport, job.state.run_dir, grace_s)
                 job.mirror.pull(job.transport)
                 job.mirror.scan()
                 break
@@ -334,6 +345,14 @@ def stop(job: Job, reason: str, grace_s: float | None = None) -> Outcome:
                     ) from exc
                 with contextlib.suppress(*CONNECTION_ERRORS):
                     job.transport.reconnect()
+        if final.state in (
+            "running",
+            "waiting",
+        ):  # SIGKILL did not end its process group: the run is not over, and says what lives on
+            raise HostLost(
+                f"{job.host_label}: the worker of {job.state.run_id[:8]} did not stop ({final.describe()}, pid "
+                f"{final.pid}); stop it with `{cancel_command(job.config, job.state.run_id)}`"
+            )
         if job.mirror.end is not None:
             recorded = conclude(job, WorkerStatus("exited"))
             if recorded.status is not RunStatus.KILLED:

@@ -13,6 +13,7 @@ from mlflow.entities import Param, RunTag
 from mlflow.tracking import MlflowClient
 from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH, MAX_PARAMS_TAGS_PER_BATCH
 
+from orchestrator.config.location import location_tags
 from orchestrator.config.redaction import overrides_tag, redact, redact_url, to_params
 from orchestrator.config.settings import JobConfig
 from orchestrator.tracking import tags
@@ -62,6 +63,7 @@ def create_job_run(
     experiment_id = ensure_experiment(client, config.experiment_name, config.tracking.artifact_root)
     run_tags = {
         tags.HOST: config.host.name,
+        **location_tags(config.host),
         tags.MODEL: config.model_name,
         tags.GIT_COMMIT: git.commit,
         tags.GIT_DIRTY: str(git.dirty).lower(),

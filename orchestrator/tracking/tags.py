@@ -10,8 +10,14 @@ from __future__ import annotations
 PARENT_RUN_ID = "mlflow.parentRunId"
 SOURCE_GIT_COMMIT = "mlflow.source.git.commit"
 
-# What the run is.
+# What the run is, and where it lives (`config/location.py`): attach, cancel and logs read these back.
 HOST = "host"
+HOST_WORKDIR = "host.workdir"
+HOST_HOSTNAME = "host.hostname"
+HOST_PORT = "host.port"
+HOST_USER = "host.user"
+HOST_GATEWAY = "host.gateway"  # ProxyJump
+HOST_RUN_DIR = "host.run_dir"  # set when the run's folder is written on the host (the launch)
 MODEL = "model"
 GIT_COMMIT = "git.commit"
 GIT_DIRTY = "git.dirty"
