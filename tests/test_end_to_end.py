@@ -345,3 +345,22 @@ def test_decode_sweep_lands_as_child_runs(mlflow_server: MlflowServer, job_paths
     files = {a.path for a in client.list_artifacts(run_id)}
     assert {"summary.md", "summary.csv", "budget_curve.csv"} <= files
     assert "lossless 1.00" in result.stdout
+
+
+def test_a_launch_that_fails_leaves_no_worker_env(
+    mlflow_server: MlflowServer, job_paths: JobPaths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The start command fails (a host whose `setsid` is broken): the run fails at the launch, and the file
+    holding the worker's environment, secrets included, is not left in the run folder."""
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    (stubs / "setsid").write_text("#!/bin/sh\necho 'setsid: cannot set up a session' >&2\nexit 1\n")
+    (stubs / "setsid").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{stubs}{os.pathsep}{os.environ['PATH']}")
+    args = server_args(mlflow_server, job_paths, "experiment=probe", "+host.env.HF_TOKEN=hf_notarealtoken")
+    result = run_orchestrator(args, tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "the worker did not start: setsid: cannot set up a session" in result.stdout
+    run_dir = only_run_dir(job_paths)
+    assert (run_dir / "spec.json").exists() and not (run_dir / "worker.env").exists()
+    assert "hf_notarealtoken" not in "".join(p.read_text(errors="replace") for p in run_dir.iterdir() if p.is_file())

@@ -7,17 +7,22 @@ the terminal printed.
 
 from __future__ import annotations
 
+import contextlib
 import io
+import json
+import posixpath
 import re
 import time
+from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hydra import compose, initialize_config_dir
 from rich.console import Console
 
 from orchestrator import CONF_DIR
-from orchestrator.cli import app
+from orchestrator.cli import app, listing
 from orchestrator.config.settings import JobConfig
 from orchestrator.config.validation import validate
 from orchestrator.lifecycle.display import LiveProgress
@@ -636,8 +641,23 @@ def test_list_shows_a_detached_runs_progress_from_the_host(tmp_path: Path, track
     lines = out.splitlines()
     assert lines[0] == "active runs on local" and all(len(line) <= 80 for line in lines), lines
     row = next(line for line in lines if line.startswith(job.run_id[:8]))
-    assert re.match(rf"{job.run_id[:8]}  tiny_trained  \S+ +running +ddtree_tb32 · prompt 3/8 ·", row), row
+    assert re.match(rf"{job.run_id[:8]}  tiny_trained  \S+ +running +\d+:\d\d:\d\d ago +ddtree_tb32", row), row
     assert "ddtree_tb32 · prompt 3/8 · tau 4.53 · 300 tok/s · 12/40" in terminal.words
+
+
+def test_list_shows_how_long_a_running_worker_has_been_quiet(
+    tmp_path: Path, tracking: FakeTracking, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker that has written nothing for 65 s is not simply `running`: the list says since when."""
+    host = launched_and_left(tmp_path, tracking, decode_with_progress(), looks=4)
+    newest = max(json.loads(line)["t"] for line in host.events_written().splitlines())
+    monkeypatch.setattr(listing, "time", SimpleNamespace(time=lambda: newest + 65, strftime=time.strftime,
+                                                         localtime=time.localtime))  # fmt: skip
+    terminal = Terminal(width=80)
+    code, out = run(job_config(tmp_path, "list=true"), host, terminal)
+    assert code == 0, out
+    header = next(line for line in out.splitlines() if line.lstrip().startswith("run "))
+    assert "last event" in header and re.search(r" running +1:0\d ago ", out), out
 
 
 def test_list_says_a_run_whose_worker_ended_unrecorded_is_there_with_its_attach_command(
@@ -711,3 +731,78 @@ def test_detach_prints_the_runs_address_and_attach_names_the_runs_model(tmp_path
     code, out = run(job_config(tmp_path, f"attach={job.run_id[:8]}"), host)  # model= left at its default
     assert code == 0, out
     assert out.splitlines()[0] == f"attached to {job.run_id} on local · tiny_dense"
+
+
+# -- a run knows where it lives --------------------------------------------------------------------------------
+
+
+def test_attach_and_cancel_take_the_workdir_from_the_run(tmp_path: Path, tracking: FakeTracking) -> None:
+    """Started with host.workdir=/host/elsewhere, attached and cancelled by commands that do not say it."""
+    host = FakeHost(FakeWorker(decode_log(), lines_per_look=1))
+    run(job_config(tmp_path, "detach=true", "host.workdir=/host/elsewhere"), host)
+    job = the_run(tracking)
+    assert job.tags[tags.HOST_WORKDIR] == "/host/elsewhere" and job.tags[tags.HOST_RUN_DIR] == host.run_dir
+    code, out = run(job_config(tmp_path, f"cancel={job.run_id}", "host.workdir=/host/work"), host)
+    assert code == 0 and job.status == "KILLED", out
+    assert host.run_dir.startswith("/host/elsewhere/runs/") and host.signals_sent() == ["-TERM"]
+
+
+def test_an_override_that_disagrees_with_the_run_is_refused_and_changes_nothing(
+    tmp_path: Path, tracking: FakeTracking
+) -> None:
+    host = FakeHost(FakeWorker(decode_log(), lines_per_look=1))
+    run(job_config(tmp_path, "detach=true", "host.workdir=/host/elsewhere"), host)
+    job = the_run(tracking)
+    config = replace(job_config(tmp_path, f"cancel={job.run_id}"), host_overrides=frozenset({"host.workdir"}))
+    terminal = Terminal()
+    with contextlib.redirect_stderr(io.StringIO()) as err:
+        code = app.run_config(config, terminal.console, lambda _config: host)
+    assert code == 2 and job.status == "RUNNING" and host.signals_sent() == []
+    assert err.getvalue().strip() == (
+        f"cancel: run {job.run_id[:8]} lives at host.workdir=/host/elsewhere (its own record); the command "
+        "line's host.workdir=/host/work disagrees: leave it out"
+    )
+
+
+@pytest.mark.parametrize("command", ["attach", "cancel"])
+def test_a_run_folder_missing_where_the_run_says_changes_nothing(
+    tmp_path: Path, tracking: FakeTracking, command: str
+) -> None:
+    host = FakeHost(FakeWorker(decode_log(), lines_per_look=1))
+    run(job_config(tmp_path, "detach=true"), host)
+    job = the_run(tracking)
+    for path in [p for p in host.files if p.startswith(host.run_dir + "/")]:
+        del host.files[path]  # the folder removed from the host (or the host is not the one the run used)
+    host.worker.state = "gone"
+    with contextlib.redirect_stderr(io.StringIO()) as err:
+        code, _ = run(job_config(tmp_path, f"{command}={job.run_id}"), host)
+    assert code == 1 and job.status == "RUNNING"
+    assert err.getvalue().strip() == (
+        f"local: run {job.run_id[:8]} has no folder at {host.run_dir}, where the run says it lives; nothing was changed"
+    )
+
+
+def test_cancel_last_means_this_workdirs_newest_run(tmp_path: Path, tracking: FakeTracking) -> None:
+    host = FakeHost(FakeWorker(decode_log(), lines_per_look=1))
+    run(job_config(tmp_path, "detach=true", "host.workdir=/host/elsewhere"), host)
+    with contextlib.redirect_stderr(io.StringIO()) as err:
+        code, _ = run(job_config(tmp_path, "cancel=last", "host.workdir=/host/empty"), host)
+    assert code == 2 and the_run(tracking).status == "RUNNING" and host.signals_sent() == []
+    assert "no run of host" in err.getvalue() and "/host/empty" in err.getvalue()
+
+
+def test_cancel_of_a_run_whose_launch_never_started_removes_its_worker_env(
+    tmp_path: Path, tracking: FakeTracking
+) -> None:
+    """Its orchestrator died between writing worker.env and the supervisor's start: the cancel (and an
+    attach, the same way) removes the file that holds the worker's secrets."""
+    worker = FakeWorker(decode_log(), starts=False)
+    host = FakeHost(worker)
+    run(job_config(tmp_path, "orchestrator.start_timeout_s=0.05"), host)
+    job = the_run(tracking)
+    job.status = "RUNNING"
+    host.files[posixpath.join(host.run_dir, "worker.env")] = b"export HF_TOKEN=hf_secret\n"
+    host.files.pop(posixpath.join(host.run_dir, "stderr.log"), None)  # still `starting`: never started
+    code, out = run(job_config(tmp_path, f"cancel={job.run_id}", "orchestrator.start_timeout_s=0.05"), host)
+    assert code == 0 and job.status == "KILLED", out
+    assert posixpath.join(host.run_dir, "worker.env") not in host.files

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import stat
@@ -23,7 +24,7 @@ from orchestrator.host.sync import COMPLETE_MARK, sync_code
 from orchestrator.host.transport import CONNECTION_ERRORS
 from orchestrator.lifecycle.errors import HostLost
 from orchestrator.lifecycle.follow import Reconnect
-from tests.conftest import MlflowServer, free_port, run_orchestrator, start_orchestrator
+from tests.conftest import MlflowServer, free_port, group_alive, run_orchestrator, start_orchestrator
 from tests.sshd import SSHServer
 from tests.test_end_to_end import mlflow_metrics, worker_metrics_for
 
@@ -410,3 +411,64 @@ def test_preflight_names_the_missing_piece_and_leaves_nothing(
         [e.experiment_id for e in client.search_experiments()], "tags.failure_stage = 'preflight'"
     )
     assert any(r.data.tags["error"] == message for r in runs)
+
+
+def test_the_printed_commands_work_from_another_folder_and_a_wrong_workdir_changes_nothing(
+    sshd: SSHServer, mlflow_server: MlflowServer, tmp_path: Path
+) -> None:
+    """A run detached with `host.*` overrides is attached, logged and cancelled by the commands it printed, run
+    from another folder and shell (its ssh keys in that shell's ~/.ssh, as a user's are): the run's own tags say
+    where it lives. A `host.workdir` that disagrees is refused in one line and leaves the worker running."""
+    workdir = tmp_path / "remote"
+    args = ssh_args(sshd, mlflow_server, workdir, tmp_path / "state", "detach=true", "decode.max_new_tokens=400")
+    launched = run_orchestrator(args, tmp_path)
+    assert launched.returncode == 0, launched.stdout + launched.stderr
+    printed = next(line.strip() for line in launched.stdout.splitlines() if "attach=" in line)
+    (run_dir,) = (workdir / "runs").iterdir()
+    run_id = run_dir.name
+    client = MlflowClient(tracking_uri=mlflow_server.uri)
+    assert client.get_run(run_id).data.tags["host.workdir"] == str(workdir)
+    pgid = int((run_dir / "pid").read_text())
+
+    elsewhere, home = tmp_path / "elsewhere", tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    shutil.copy(sshd.known_hosts, home / ".ssh" / "known_hosts")
+    (home / ".ssh" / "config").write_text(f"Host {sshd.address}\n  IdentityFile {sshd.client_key}\n")
+    elsewhere.mkdir()
+
+    def as_printed(command: str, *extra: str) -> subprocess.CompletedProcess:
+        words = shlex.split(command)[3:]  # after `python -m orchestrator`
+        env = {**os.environ, "HOME": str(home), "COLUMNS": "120", "PYTHONPATH": str(PROJECT_ROOT)}
+        argv = [sys.executable, "-m", "orchestrator", *words, f"host.python={sys.executable}", *extra]
+        return subprocess.run(argv, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=240)
+
+    for verb in ("cancel", "attach"):
+        wrong = as_printed(printed.replace("attach=", f"{verb}="), f"host.workdir={tmp_path / 'other'}")
+        assert wrong.returncode == 2, wrong.stdout + wrong.stderr
+        assert wrong.stderr.strip().splitlines() == [
+            f"{verb}: run {run_id[:8]} lives at host.workdir={workdir} (its own record); the command line's "
+            f"host.workdir={tmp_path / 'other'} disagrees: leave it out"
+        ]
+        assert group_alive(pgid) and client.get_run(run_id).info.status == "RUNNING"
+
+    logs = as_printed(printed.replace("attach=", "logs="))
+    assert logs.returncode == 0 and "loaded tiny_trained" in logs.stdout, logs.stdout + logs.stderr
+    cancelled = as_printed(printed.replace("attach=", "cancel="))
+    assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+    assert f"cancelled {run_id}" in cancelled.stdout
+    assert not group_alive(pgid)
+    assert client.get_run(run_id).info.status == "KILLED"
+    assert not (run_dir / "worker.env").exists()
+
+
+def test_logs_of_a_run_with_no_folder_says_so(sshd: SSHServer, mlflow_server: MlflowServer, tmp_path: Path) -> None:
+    """A finished run whose folder was removed from the host: `logs=` says where it looked and exits 1."""
+    workdir = tmp_path / "remote"
+    args = ssh_args(sshd, mlflow_server, workdir, tmp_path / "state", "experiment=probe")
+    assert run_orchestrator(args, tmp_path).returncode == 0
+    (run_dir,) = (workdir / "runs").iterdir()
+    shutil.rmtree(run_dir)
+    for extra in ((), ("follow=true",)):
+        logs = run_orchestrator([*args, f"logs={run_dir.name[:8]}", *extra], tmp_path)
+        assert logs.returncode == 1, logs.stdout + logs.stderr
+        assert logs.stderr.strip() == f"localhost_ssh: run {run_dir.name[:8]} has no folder at {run_dir}: no logs"

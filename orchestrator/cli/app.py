@@ -262,7 +262,7 @@ def _findable(config: JobConfig, transport: Transport, found: Attached) -> int |
     """The run's folder is where the run says it is, or the command stops here with one line and changes
     nothing (a run whose folder was never written, its orchestrator stopped before the launch, is ended by
     attach and cancel as one that never started); None when it is there to follow."""
-    if found.run_dir is None or found.state.last_seq >= 0:
+    if found.run_dir is None:
         return None
     try:
         missing = worker_status(transport, found.state.run_dir).state == "missing"

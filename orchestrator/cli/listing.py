@@ -80,6 +80,7 @@ class Listed:
     state: str  # the worker's (running, waiting), "ended, not recorded yet", or the run's MLflow status
     progress: str
     tau: str
+    last_event: float | None = None  # unix seconds of the worker's newest event (a live worker's only)
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,7 @@ class LogReport:
     progress: str = ""
     tau: str = ""
     ended: float | None = None  # the worker's `end` event's time
+    last: float | None = None  # the newest event's time: how long a live worker has been quiet
 
 
 def list_runs(console: Console, transport: Transport, config: JobConfig, client: MlflowClient | None) -> int:
@@ -139,10 +141,12 @@ def runs_table(rows: list[Listed], width: int, *, started: bool) -> Table:
             "state": row.state,
             "tau": row.tau,
             "progress": row.progress,
+            "last event": _ago(row.last_event),
         }
         for row in rows
     ]
     names = ["run", "model", *(["started"] * started), "elapsed", "state", "tau"]
+    names += ["last event"] * any(cell["last event"] for cell in cells)
     names += ["progress"] * any(cell["progress"] for cell in cells)  # none: its room goes to the rest
     widths = {name: max(cell_len(text) for text in [name, *(cell[name] for cell in cells)]) for name in names}
     wanted = min(widths.get("progress", 0), PROGRESS_ROOM)
@@ -175,8 +179,9 @@ def _unrecorded(status: WorkerStatus, run: Run | None) -> bool:
 def _listed(run_id: str, run: Run | None, worker_state: str | None, report: LogReport | None) -> Listed:
     """One row: a run with a worker on the host (`worker_state`, `report` from its log) or one only in MLflow."""
     report = report or LogReport()
+    last = report.last if worker_state in ("running", "waiting") else None
     if run is None:
-        return Listed(run_id, "?", None, None, worker_state or "?", report.progress, report.tau)
+        return Listed(run_id, "?", None, None, worker_state or "?", report.progress, report.tau, last)
     data, info = run.data, run.info
     tau = _tau(data.metrics.get("best.tau"), data.tags.get(tags.BEST_METHOD))
     return Listed(
@@ -187,6 +192,7 @@ def _listed(run_id: str, run: Run | None, worker_state: str | None, report: LogR
         worker_state or info.status,
         report.progress,
         report.tau or tau,
+        last,
     )
 
 
@@ -205,7 +211,8 @@ def read_log_report(transport: Transport, run_dir: str) -> LogReport:
     events, _cut_first_line, _ = parse_chunk(transport.read_bytes(path, start, LOG_TAIL_BYTES), start)
     tau = _tau(_last(events, "metrics", "best.tau"), _last(events, "tags", tags.BEST_METHOD))
     end = next((event for event in reversed(events) if event.kind == "end"), None)
-    return LogReport(_progress(events), tau, end.t if end is not None else None)
+    last = max((event.t for event in events), default=None)
+    return LogReport(_progress(events), tau, end.t if end is not None else None, last)
 
 
 def _last(events: list[Event], kind: str, key: str) -> object:
@@ -226,6 +233,17 @@ def _progress(events: list[Event]) -> str:
 
 def _clock(started: float | None) -> str:
     return time.strftime("%m-%d %H:%M", time.localtime(started)) if started else ""
+
+
+def _ago(when: float | None) -> str:
+    """`4 s ago`, `1:05 ago`: how long since a live worker's newest event (a worker quiet for long shows it)."""
+    if when is None:
+        return ""
+    seconds = max(0, int(time.time() - when))
+    if seconds < 60:
+        return f"{seconds} s ago"
+    minutes = f"{seconds % 3600 // 60}:{seconds % 60:02d}"
+    return f"{seconds // 3600}:{minutes.zfill(5)} ago" if seconds >= 3600 else f"{minutes} ago"
 
 
 def _elapsed(started: float | None, ended: float | None) -> str:
