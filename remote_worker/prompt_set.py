@@ -7,7 +7,7 @@ launched, and the worker reads the copy that travelled with the run.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ class PromptSetError(ValueError):
 class Prompt:
     id: str
     messages: list[dict[str, str]]
+    line: int = field(default=0, compare=False)  # its line in the file it was read from (0: not from a file)
 
     def as_record(self) -> dict[str, Any]:
         return {"id": self.id, "messages": self.messages}
@@ -42,7 +43,8 @@ def _prompt(raw: Any, number: int) -> Prompt:
     prompt_id = raw.get("id", f"prompt-{number}")
     if not isinstance(prompt_id, (str, int)) or isinstance(prompt_id, bool) or not str(prompt_id).strip():
         raise ValueError('"id" must be a non-empty string')
-    return Prompt(id=str(prompt_id), messages=[{"role": m["role"], "content": m["content"]} for m in messages])
+    messages = [{"role": m["role"], "content": m["content"]} for m in messages]
+    return Prompt(id=str(prompt_id), messages=messages, line=number)
 
 
 def parse_prompts(text: str, source: str) -> list[Prompt]:

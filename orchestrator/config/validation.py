@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 import remote_worker
+from orchestrator.config.prompt_lengths import PromptTooShort, prompt_lengths
 from orchestrator.config.prompts import resolve_prompts
 from orchestrator.config.settings import SYNC_METHODS, JobConfig
 from remote_worker.decoding.tree_limits import beyond_draft
@@ -227,19 +228,33 @@ def model_shape(container: dict[str, Any]) -> ModelShape:
 
 
 def _check_tree_budgets(container: dict[str, Any], budgets: list[int]) -> None:
-    """A budget the model cannot hold, refused before launch where the config says why: its tree must fit
-    the context beside decode.max_new_tokens and a prompt (of at least one token: the prompts are tokenized
-    on the host, which checks them all), and a draft block must be able to offer that many nodes. What the
-    device can hold is checked on the host, before the first prompt."""
+    """A budget the model cannot hold, refused before launch where the config says why: its tree (or a draft
+    block, whichever reaches further) must fit the context beside decode.max_new_tokens and the longest
+    prompt, counted here where this machine has the tokenizer (`prompt_lengths.py`; else one token, and the
+    host checks them all before the first), and a draft block must be able to offer that many nodes. What
+    the device can hold is checked on the host, before the first prompt. A prompt too short to decode is
+    refused here too, naming its line."""
     shape = model_shape(container)
     max_new = int(container["decode"]["max_new_tokens"])
+    try:
+        lengths = prompt_lengths(container, shape.vocab)
+    except (PromptTooShort, PromptSetError) as exc:
+        raise ConfigError(str(exc)) from exc
+    longest = max(lengths, key=lambda p: p.tokens) if lengths else None
+    prompt = longest.tokens if longest is not None else 1
+    what = (
+        f"the longest prompt ({longest.prompt_id!r}, {longest.tokens} tokens)" if longest is not None
+        else "a prompt (of at least one token; the host counts them)"
+    )  # fmt: skip
+    block = shape.block_size or 0
     for budget in sorted(budgets, reverse=True):
-        if shape.context is not None and 1 + max_new + budget + 1 > shape.context:
-            largest = shape.context - max_new - 2
-            fix = f"the largest budget that fits is {largest}" if largest >= 1 else "lower decode.max_new_tokens"
+        if shape.context is not None and prompt + max_new + max(budget + 1, block) > shape.context:
+            largest = shape.context - prompt - max_new - 1
+            fits = largest >= 1 and prompt + max_new + block <= shape.context
+            fix = f"the largest budget that fits is {largest}" if fits else "lower decode.max_new_tokens"
             raise ConfigError(
                 f"decode.tree_budgets: budget {budget} needs {budget + 1} positions for its tree beside "
-                f"decode.max_new_tokens={max_new} and a prompt, more than model {shape.name}'s context of "
+                f"decode.max_new_tokens={max_new} and {what}, more than model {shape.name}'s context of "
                 f"{shape.context}; {fix}"
             )
         if shape.block_size is not None and shape.vocab is not None:
@@ -335,6 +350,9 @@ def resolve_config(cfg: DictConfig) -> dict[str, Any]:
     budgets = _get(container, "decode.tree_budgets")
     if not isinstance(budgets, list) or not budgets or not all(_positive_int(b) for b in budgets):
         raise ConfigError(f"decode.tree_budgets={budgets!r} must be a non-empty list of positive integers")
+    if len(set(budgets)) < len(budgets):
+        twice = next(b for b in budgets if budgets.count(b) > 1)
+        raise ConfigError(f"decode.tree_budgets={budgets!r} names budget {twice} twice: give each budget once")
     if _get(container, "decode.block_size") is not None:
         _number(container, "decode.block_size", minimum=2, integer=True)
     if _number(container, "decode.repeats", minimum=1, integer=True) > 1000:

@@ -1,0 +1,92 @@
+"""The token count of every prompt a decode will run, where this machine can count them, before launch.
+
+The worker encodes each prompt with the model's tokenizer (its chat template) or, for a model built from a
+config, as the conversation's bytes (`remote_worker/prompts.py`). Here the same `encode` runs on the same
+prompts (`experiment.prompts`, else the set the checkpoint ships, else the worker's default) wherever the
+tokenizer is readable on this machine: a shipped fixture, or a checkpoint on this machine when the host is
+this machine. Elsewhere the prompts are counted on the host, before the first one is decoded.
+
+A prompt the decode cannot start from (fewer than two tokens: a committed prefix and the first root) is a
+config error naming its file and line; the longest prompt bounds the largest tree budget that fits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import remote_worker
+from orchestrator.config.prompts import resolve_prompts
+from remote_worker.prompt_set import DEFAULT_PROMPTS, Prompt, load_prompt_file
+
+MIN_PROMPT_TOKENS = 2  # the loop's prefill commits all but the last token, which is the first round's root
+
+
+@dataclass(frozen=True)
+class PromptLength:
+    prompt_id: str
+    where: str  # `file:line`
+    tokens: int
+
+
+class PromptTooShort(ValueError):
+    """A prompt with fewer than MIN_PROMPT_TOKENS tokens under the run's model."""
+
+
+def _checkpoint(section: dict[str, Any], local: bool) -> Path | None:
+    """A pretrained checkpoint's folder this machine can read (as `validation._config_values` reads its
+    config), or None."""
+    if section.get("source") != "pretrained":
+        return None
+    path = Path(str(section.get("path") or ""))
+    if not path.is_absolute():
+        path = Path(remote_worker.__file__).parent / path
+    elif not local:
+        return None
+    return path if path.is_dir() else None
+
+
+def _prompt_file(experiment: dict[str, Any], checkpoint: Path | None) -> tuple[list[Prompt], str]:
+    """The prompts the worker will read (as `ddtree_gdn.prompt_source` chooses them), and their file's name."""
+    value = experiment.get("prompts")
+    limit = experiment.get("num_prompts")
+    if value is not None:
+        prompts = resolve_prompts(str(value))
+        assert prompts is not None
+        return (prompts[:limit] if limit else prompts), str(value)
+    shipped = checkpoint / "prompts.jsonl" if checkpoint is not None else None
+    path = shipped if shipped is not None and shipped.is_file() else DEFAULT_PROMPTS
+    return load_prompt_file(path, limit), str(path)
+
+
+def prompt_lengths(container: dict[str, Any], vocab: int | None) -> list[PromptLength] | None:
+    """Every prompt's token count under the run's model, or None where this machine cannot count them (the
+    tokenizer is only on the host). Raises PromptTooShort for a prompt the decode cannot start from."""
+    model, local = container["model"], container["host"]["kind"] == "local"
+    checkpoint = _checkpoint(model, local)
+    if model.get("source") != "config" and (checkpoint is None or not (checkpoint / "tokenizer_config.json").is_file()):
+        return None
+    if checkpoint is None and (vocab or 0) < 256:
+        return None  # the worker refuses such a model itself, naming its vocabulary
+    prompts, source = _prompt_file(container["experiment"], checkpoint)
+    from remote_worker.prompts import encode  # torch and transformers: only for a run about to launch
+
+    tokenizer = None
+    if checkpoint is not None:
+        import transformers
+
+        tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoint)
+    thinking = bool(container["experiment"].get("enable_thinking", False))
+    lengths = []
+    for prompt in prompts:
+        tokens = int(encode(prompt, tokenizer, vocab or 256, thinking).shape[0])
+        where = f"{source}:{prompt.line}" if prompt.line else source
+        if tokens < MIN_PROMPT_TOKENS:
+            raise PromptTooShort(
+                f"experiment.prompts: {where}: prompt {prompt.id!r} is {tokens} token{'s' * (tokens != 1)} long "
+                f"with model {model.get('name')}'s tokenizer; a decode needs at least {MIN_PROMPT_TOKENS} "
+                "(give it more text or leave it out)"
+            )
+        lengths.append(PromptLength(prompt.id, where, tokens))
+    return lengths
