@@ -27,6 +27,7 @@ import torch
 
 from remote_worker.cache.hybrid_cache import HybridCache
 from remote_worker.decoding.device_tree import DeviceTree, device_best_first_tree, device_chain
+from remote_worker.decoding.emission import emit_round
 from remote_worker.models.target import TargetModel
 
 
@@ -254,16 +255,10 @@ def run_rounds(
         result.inexact_trees += inexact
         if margins:
             kept.append((output.logits[output.path].topk(2, dim=-1).values, count))
-        result.tree_sizes.append(state.nodes)
-        result.acceptance_lengths.append(count - 1)
-        result.accepted_nodes.append(path[1:count])
-        result.accepted_ranks.append(ranks[1:count])
         if not result.tokens:
             result.first_token_seconds = time.perf_counter() - started
-        for token in emitted[:count]:
-            result.tokens.append(token)
-            if token in stop_tokens or len(result.tokens) >= max_new_tokens:
-                return kept
+        if emit_round(result, emitted[:count], path[1:count], ranks[1:count], state.nodes, stop_tokens, max_new_tokens):
+            return kept
     return kept
 
 

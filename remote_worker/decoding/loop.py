@@ -23,6 +23,7 @@ import torch
 
 from remote_worker.cache.hybrid_cache import HybridCache
 from remote_worker.cache.tree import Tree
+from remote_worker.decoding.emission import emit_round
 from remote_worker.decoding.fixed_prefill import FixedPrefill
 from remote_worker.decoding.fixed_round import FixedRound, choose, collect_margins, run_rounds
 from remote_worker.decoding.tree_build import DraftTree, best_first_tree, chain_tree
@@ -213,21 +214,12 @@ def decode_from(
                 drafter.extend(context, torch.cat([output.hidden[i][index] for i in feature_layers], dim=-1))
         if record_margins:  # kept on the device; read after the clock stops
             margins.append(output.logits[index].topk(2, dim=-1).values)
-        result.tree_sizes.append(draft.tree.size)
-        result.acceptance_lengths.append(len(path) - 1)
-        result.accepted_nodes.append(path[1:])
-        result.accepted_ranks.append([draft.ranks[node] for node in path[1:]])
         drafted = draft.tree.tokens.tolist()
         emitted = [drafted[i] for i in path[1:]] + [targets[path[-1]]]
         if not result.tokens:
             result.first_token_seconds = time.perf_counter() - started
-        done = False
-        for token in emitted:
-            result.tokens.append(token)
-            if token in stop_tokens or len(result.tokens) >= max_new_tokens:
-                done = True
-                break
-        if done:
+        ranks = [draft.ranks[node] for node in path[1:]]
+        if emit_round(result, emitted, path[1:], ranks, draft.tree.size, stop_tokens, max_new_tokens):
             break
         root = emitted[-1]
     _sync(target.device)
