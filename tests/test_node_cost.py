@@ -12,6 +12,7 @@ import torch
 
 from orchestrator.stream.events import split_events
 from remote_worker import runner
+from remote_worker.decoding import node_cost
 from remote_worker.decoding.loop import decode_from, prefill
 from remote_worker.decoding.node_cost import (
     SPREAD,
@@ -78,9 +79,22 @@ def test_every_stage_has_a_figure_per_tree_size(name: str) -> None:
     assert costs.commit_depths == sorted(costs.commit_depths)
     if name == "tiny_trained":
         assert costs.commit_depths[-1] > 1  # a trained draft's tree goes deeper than one level
-    assert [done for done, _, _ in seen] == list(range(1, len(SIZES) + 1))
-    assert {total for _, total, _ in seen} == {len(SIZES)}
+    # Progress in node-rounds (4 per size: 1 warm-up and 3 timed), the last call at the total.
+    per_size = [done for done, _, what in seen if "verify" in what]
+    assert per_size == [4 * sum(SIZES[: i + 1]) for i in range(len(SIZES))]
+    assert {total for _, total, _ in seen} == {4 * sum(SIZES)} and seen[-1][0] == 4 * sum(SIZES)
     assert costs.round_ms(7) > costs.draft.median_ms
+
+
+@pytest.mark.worker
+def test_a_long_tree_size_sends_progress_between_its_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A size whose rounds take minutes is never silent: with the interval at 0, a call after every round."""
+    monkeypatch.setattr(node_cost, "PROGRESS_EVERY_S", 0.0)
+    target, drafter = pair("tiny_trained")
+    seen: list[tuple[int, int, str]] = []
+    measure_node_costs(target, drafter, TEXT, 20, [1, 8], 3, lambda *args: seen.append(args), warmup=1)
+    assert [what for _, _, what in seen[:3]] == ["1 nodes: round 1/4", "1 nodes: round 2/4", "1 nodes: round 3/4"]
+    assert [done for done, _, _ in seen] == [1, 2, 3, 4, 12, 20, 28, 36] and seen[-1][1] == 36
 
 
 @pytest.mark.worker
@@ -226,7 +240,8 @@ def test_the_experiment_reports_a_curve_per_stage_and_the_record(tmp_path: Path)
     assert params["node_cost.context"] == 24 and params["node_cost.sizes"] == "1, 2, 4, 8"
     assert params["layout.gdn_key_value_heads"] == "2/4 (r=2)"
     measure = [e.data for e in events if e.kind == "progress" and e.data["task"] == "measure"]
-    assert measure[-1]["completed"] == measure[-1]["total"] == len(SIZES)
+    assert measure[-1]["completed"] == measure[-1]["total"] == sum(SIZES) * (node_cost.WARMUP + 2)  # node-rounds
+    assert {m["total"] for m in measure} == {measure[-1]["total"]}
     summary = end.data["summary"]
     assert set(summary) >= {"measured", "draft", "tree build", "verify", "commit", "round at budget 7"}
     assert summary["verify"].startswith("1 node ") and " → 8 nodes " in summary["verify"]

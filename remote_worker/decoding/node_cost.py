@@ -59,7 +59,8 @@ from remote_worker.models.target import TargetModel
 SPREAD = "min-max"
 WARMUP = 2  # untimed calls before a stage's timed ones, per tree size
 
-Progress = Callable[[int, int, str], None]  # (done, total, what was just measured)
+Progress = Callable[[int, int, str], None]  # (done, total, what was just measured): node-rounds timed
+PROGRESS_EVERY_S = 5.0  # the longest a measurement goes without a progress call
 
 
 @dataclass(frozen=True)
@@ -357,7 +358,12 @@ class NodeCostSampler:
         logits = drafter.propose(base_context.clone(), target.embed(root), mask_embedding, target.head)
         self.contexts.append(context)
         self.warmup = warmup
-        for position, nodes in enumerate(self.sizes, start=1):
+        # Progress counts node-rounds, so that its bar and ETA follow the work (the largest tree is most of
+        # it), and is sent between rounds at least every PROGRESS_EVERY_S: one size of thousands of nodes
+        # takes minutes on a CPU, which was silence before.
+        rounds = warmup + repeats
+        total, done, said = sum(self.sizes) * rounds, 0, time.monotonic()
+        for nodes in self.sizes:
             built = best_first_tree(start.root, logits, nodes - 1)
             if built.tree.size < nodes:
                 offered = distinct_nodes(positions, vocab)
@@ -367,18 +373,23 @@ class NodeCostSampler:
                     f"position{'s' * (positions != 1)} over a vocabulary of {vocab})"
                 )
                 if progress is not None:
-                    progress(len(self.sizes), len(self.sizes), f"sizes from {nodes} nodes not measured: {self.note}")
+                    progress(total, total, f"sizes from {nodes} nodes not measured: {self.note}")
                 break
             path = rank0_chain(built)[: self.accepted + 1]
             self.depths[nodes] = len(path) - 1
-            for attempt in range(warmup + repeats):
+            for attempt in range(rounds):
                 timings = _round(target, drafter, base_cache, base_context, start.root, mask_embedding, nodes, path)
+                done += nodes
                 if attempt >= warmup:
                     for stage, ms in timings.items():
                         self.samples[nodes][stage].append(ms)
+                if progress is not None and attempt + 1 < rounds and time.monotonic() - said >= PROGRESS_EVERY_S:
+                    progress(done, total, f"{nodes} nodes: round {attempt + 1}/{rounds}")
+                    said = time.monotonic()
             if progress is not None:
                 verify = statistics.median(self.samples[nodes]["verify"])
-                progress(position, len(self.sizes), f"{nodes} nodes: verify {verify:.3g} ms")
+                progress(done, total, f"{nodes} nodes: verify {verify:.3g} ms")
+                said = time.monotonic()
 
     def costs(self) -> NodeCosts:
         """The figures over every timed round so far, at their mean context."""

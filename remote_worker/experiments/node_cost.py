@@ -16,6 +16,7 @@ import logging
 from remote_worker import stop_signal
 from remote_worker.decoding.node_cost import (
     SPREAD,
+    WARMUP,
     NodeCosts,
     StageCost,
     measure_node_costs,
@@ -64,7 +65,7 @@ def run_node_cost(spec: Spec, log: EventLog) -> dict[str, str]:
         stop_signal.check()
         log.progress("measure", done, total, what)
 
-    log.progress("measure", 0, len(sizes), f"prefilling {context} tokens")
+    log.progress("measure", 0, sum(sizes) * (WARMUP + repeats), f"prefilling {context} tokens")  # in node-rounds
     costs = measure_node_costs(target, drafter, ids, context, sizes, repeats, progress)
     if costs.unmeasured:
         LOG.warning("node_cost: tree sizes %s not measured: %s", costs.unmeasured, costs.note)
