@@ -184,8 +184,8 @@ def test_the_terminal_summary_fits_its_width_one_line_per_method(width: int) -> 
     header = next(line for line in lines if "method" in line)
     assert re.split(r"\s+", header.strip()) == [
         "job",
-        "block_size",
-        "temperature",
+        "bs",
+        "T",
         "max_new_tokens",
         "method",
         "tau",
@@ -215,3 +215,38 @@ def test_a_grid_axis_the_command_line_fixes_is_not_swept() -> None:
     jobs, swept = _grid(OmegaConf.create({"hydra": hydra}))
     assert (jobs, swept) == (4, ["decode.temperature", "decode.block_size"])
     assert sweep_name(swept, jobs).startswith("sweep of temperature × block_size · 4 jobs · ")
+
+
+def test_the_default_grids_table_at_80_columns_cuts_no_figure_and_no_name() -> None:
+    """`make sweep`'s grid (two models × two temperatures × two block sizes, budgets 8 and 32): every method
+    name and every figure whole at 80 columns, the speedup first of all (it is the sweep's answer)."""
+    client = FakeTracking()
+    experiment = client.create_experiment("ddtree_gdn")
+    parent = client.create_run(experiment, "sweep", {tags.ROLE: "sweep"}).info.run_id
+    grid = [(m, t, b) for m in ("tiny_trained", "tiny_trained_dense") for t in ("0", "1") for b in ("4", "8")]
+    for job, (model, temperature, block) in enumerate(grid):
+        overrides = f"model={model} decode.temperature={temperature} decode.block_size={block}"
+        job_tags = {tags.PARENT_RUN_ID: parent, tags.SWEEP_JOB: str(job), tags.MODEL: model,
+                    tags.HYDRA_OVERRIDES: overrides}  # fmt: skip
+        job_run = client.create_run(experiment, f"job {job}", job_tags).info.run_id
+        client.set_terminated(job_run, "FINISHED")
+        for scope, kind, budget in (("ar", "ar", 0), ("dflash", "dflash", 0), ("ddtree_tb8", "ddtree", 8),
+                                    ("ddtree_tb32", "ddtree", 32)):  # fmt: skip
+            run = client.create_run(experiment, scope, {tags.PARENT_RUN_ID: job_run, tags.SCOPE: scope}).info.run_id
+            values = {"tau": 3.14159, "speedup_vs_ar": 12.3456, "tokens_per_s": 1234.5}
+            if temperature == "0":
+                values["lossless"] = 1.0
+            client.log_batch(run, metrics=[Metric(k, v, 0, 0) for k, v in values.items()],
+                             params=[Param("method", kind), Param("tree_budget", str(budget))])  # fmt: skip
+            client.set_terminated(run, "FINISHED")
+    console = Console(width=80, record=True, color_system=None)
+    summarize_sweep(client, experiment, parent, console, dict.fromkeys(range(len(grid)), ""),
+                    ["model", "decode.temperature", "decode.block_size"])  # fmt: skip
+    lines = console.export_text().splitlines()
+    table = [line for line in lines if not line.startswith(("sweep run: ", "Fastest"))]
+    assert max(len(line) for line in table) <= 80 and not any("…" in line for line in table), "\n".join(table)
+    header = next(line for line in lines if "method" in line)
+    assert re.split(r"\s+", header.strip()) == ["job", "model", "T", "bs", "method", "tau", "×AR", "tok/s", "lossless"]
+    rows = [line for line in lines if re.search(r"\b(ar|dflash|ddtree_tb\d+)\b", line) and "Fastest" not in line]
+    assert len(rows) == len(grid) * 4 and all(re.search(r" ×12\.35 +1234\.5\b", row) for row in rows), rows
+    assert sum("ddtree_tb32" in row for row in rows) == len(grid)

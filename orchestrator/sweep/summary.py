@@ -14,6 +14,7 @@ from pathlib import Path
 
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
+from rich.cells import cell_len
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -114,22 +115,37 @@ def summarize_sweep(
     return status
 
 
+# The terminal table's labels for the keys sweeps vary most, as run names write them (`T=0 bs=8`): the
+# short values of these keys under their long names made the default grid's table 84 columns wide.
+TABLE_LABELS = {"decode.temperature": "T", "decode.block_size": "bs", "decode.tree_budgets": "budgets"}
+
+
 def _table(rows: list[Row], status: str) -> Table:
     """The terminal's version, fitted to 80 columns: each varying key a short column of its own, a job's
     settings on its first row only, and a status column only when some job did not finish (the title says
-    the sweep's)."""
+    the sweep's). The method and the figures (the speedup is the sweep's answer) are never cut: each keeps
+    its whole width, and where the row is still too wide the settings and the model wrap instead."""
     keys = varying_keys(rows)
-    names = short_names(keys)
+    names = {key: TABLE_LABELS.get(key, name) for key, name in short_names(keys).items()}
     mixed = any(row.status != "FINISHED" for row in rows)
     title = f"Sweep summary: [{STATUS_STYLE.get(status, 'white')}]{status}[/]"
     # No borders and one space between columns: three varying keys and the figures still fit 80 columns.
     table = Table(title=title, title_justify="left", box=None, padding=(0, 1, 0, 0), header_style="bold underline")
-    for name in ("job", *(["status"] if mixed else []), *(names[k] for k in keys), "method"):
-        table.add_column(name, no_wrap=True, overflow="ellipsis")
-    for name, _, _ in FIGURES:
-        table.add_column(name, no_wrap=True, justify="right")
+    cells = [(row, figure_cells(row)) for row in rows]
+
+    def whole(header: str, values: list[str]) -> int:
+        return max(cell_len(text) for text in [header, *values])
+
+    table.add_column("job", no_wrap=True, min_width=whole("job", [str(row.job) for row in rows]))
+    if mixed:
+        table.add_column("status", no_wrap=True, min_width=len("FINISHED"))
+    for key in keys:
+        table.add_column(names[key], overflow="fold")
+    table.add_column("method", no_wrap=True, min_width=whole("method", [row.method for row in rows]))
+    for index, (name, _, _) in enumerate(FIGURES):
+        table.add_column(name, no_wrap=True, justify="right", min_width=whole(name, [c[index] for _, c in cells]))
     previous = None
-    for row in rows:
+    for row, figures in cells:
         first = row.job != previous
         previous = row.job
         style = STATUS_STYLE.get(row.status, "white")
@@ -139,6 +155,6 @@ def _table(rows: list[Row], status: str) -> Table:
             *([f"[{style}]{row.status}[/]" if first else ""] if mixed else []),
             *((escape(settings.get(k, "")) if first else "") for k in keys),
             row.method,
-            *figure_cells(row),
+            *figures,
         )
     return table
