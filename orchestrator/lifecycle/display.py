@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from rich.cells import cell_len, set_cell_size
 from rich.console import Console
 from rich.markup import escape
 from rich.measure import Measurement
@@ -19,26 +20,45 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
 from orchestrator.stream.events import Event
 from orchestrator.tracking.status import STATUS_STYLE
 
 BAR_MIN, BAR_MAX = 10, 40
+BAR_LEAST = 4  # a bar narrower than this says nothing: its room goes to the description
+SEPARATOR = " · "  # between the figures of a worker's progress message
 _LABEL, _BAR, _DESCRIPTION = 1, 2, 4  # the columns of a progress line that give way when it is too long
 
 
 def fit_widths(width: int, fixed: int, label: int, description: int) -> tuple[int, int, int]:
     """The label's, the bar's and the description's widths on a line of `width` characters whose other
-    columns (the count, the times, the gaps between columns) take `fixed`.
+    columns (the count, the times, the gaps between columns) take `fixed`; a bar of 0 is left out, and its
+    gap goes to the description.
 
     Those others are never cut: a count cut to `32/…` or an ETA cut to `0:00:…` says nothing. The label keeps
-    up to two fifths of the rest, the description what a bar of BAR_MIN leaves, the bar the remainder (at
-    most BAR_MAX); a label or a description longer than its width ends in `…`."""
+    up to two fifths of the rest; then the description's figures come before the bar, which takes what they
+    leave (at most BAR_MAX; left out under BAR_LEAST)."""
     room = max(width - fixed, 0)
     label_width = min(label, room * 2 // 5)
     room -= label_width
-    description_width = min(description, max(room - BAR_MIN, 0))
-    return label_width, max(min(BAR_MAX, room - description_width), 0), description_width
+    if description + BAR_MIN <= room:
+        return label_width, min(BAR_MAX, room - description), description
+    if room - description >= BAR_LEAST:
+        return label_width, room - description, description
+    return label_width, 0, min(description, room + 1)
+
+
+def fit_message(text: str, width: int) -> str:
+    """`text` in `width` characters, cut between its figures (`a · b · c` → `a · b`), never inside one; a
+    first figure longer than `width` alone ends in `…`."""
+    if cell_len(text) <= width:
+        return text
+    parts = text.split(SEPARATOR)
+    while len(parts) > 1 and cell_len(SEPARATOR.join(parts)) > width:
+        parts.pop()
+    kept = SEPARATOR.join(parts)
+    return kept if cell_len(kept) <= width else set_cell_size(kept, max(width - 1, 0)) + "…" * (width > 0)
 
 
 class _FittedProgress(Progress):
@@ -46,10 +66,10 @@ class _FittedProgress(Progress):
     every column alike and cuts the count and the ETA first."""
 
     def make_tasks_table(self, tasks: Iterable[Task]) -> Table:
+        visible = [task for task in tasks if task.visible]
         rows = [
             [column.format(task=task) if isinstance(column, str) else column(task) for column in self.columns]
-            for task in tasks
-            if task.visible
+            for task in visible
         ]
         if not rows:  # also while rich builds its first frame, before there is a console to ask
             return Table.grid()
@@ -61,11 +81,13 @@ class _FittedProgress(Progress):
         fixed = sum(w for i, w in enumerate(widths) if i not in (_LABEL, _BAR, _DESCRIPTION)) + len(widths) - 1
         label, bar, description = fit_widths(options.max_width, fixed, widths[_LABEL], widths[_DESCRIPTION])
         fitted = {_LABEL: label, _BAR: bar, _DESCRIPTION: description}
+        shown = [index for index in range(len(self.columns)) if not (index == _BAR and bar == 0)]
         table = Table.grid(padding=(0, 1))
-        for index in range(len(self.columns)):
+        for index in shown:
             table.add_column(no_wrap=True, overflow="ellipsis", width=fitted.get(index))
-        for row in rows:
-            table.add_row(*row)
+        for task, row in zip(visible, rows, strict=True):
+            row[_DESCRIPTION] = Text(fit_message(task.description, description))
+            table.add_row(*(row[index] for index in shown))
         return table
 
 
@@ -102,14 +124,18 @@ class LiveProgress:
         data = event.data if isinstance(event.data, dict) else {"message": event.data}
         if event.kind == "progress":
             key = (event.scope, str(data.get("task", "work")))
-            label = f"{event.scope}/{key[1]}" if event.scope else key[1]
+            # A method's decode is labelled by its method alone; its message leads with it too: said once.
+            label = (event.scope if key[1] == "decode" else f"{event.scope}/{key[1]}") if event.scope else key[1]
+            message = str(data.get("message", ""))
+            if event.scope and message.startswith(event.scope + SEPARATOR):
+                message = message[len(event.scope + SEPARATOR) :]
             if key not in self._tasks:
                 self._tasks[key] = self._progress.add_task("", total=None, label=label)
             self._progress.update(
                 self._tasks[key],
                 completed=data.get("completed", 0),
                 total=data.get("total"),
-                description=str(data.get("message", "")),
+                description=message,
             )
         elif event.kind == "start" and data.get("cuda_visible_devices"):
             self.console.print(f"worker pid {data.get('pid')} on GPU {escape(str(data['cuda_visible_devices']))}")
