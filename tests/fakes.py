@@ -290,6 +290,7 @@ class FakeTracking:
         self.tracking_uri = tracking_uri
         self.down = False
         self.experiments: dict[str, str] = {}
+        self.experiment_tags: dict[str, dict[str, str]] = {}
         self.runs: dict[str, FakeRun] = {}
         self.calls = 0
         self.refused = 0
@@ -311,12 +312,20 @@ class FakeTracking:
 
     def get_experiment_by_name(self, name: str) -> Any:
         self._check("experiments/get-by-name")
-        return SimpleNamespace(experiment_id=self.experiments[name]) if name in self.experiments else None
+        if name not in self.experiments:
+            return None
+        experiment_id = self.experiments[name]
+        return SimpleNamespace(experiment_id=experiment_id, tags=dict(self.experiment_tags.get(experiment_id, {})))
 
-    def create_experiment(self, name: str, artifact_location: str | None = None) -> str:
+    def create_experiment(self, name: str, artifact_location: str | None = None, tags: Any = None) -> str:
         self._check("experiments/create")
         self.experiments[name] = str(len(self.experiments) + 1)
+        self.experiment_tags[self.experiments[name]] = dict(tags or {})
         return self.experiments[name]
+
+    def set_experiment_tag(self, experiment_id: str, key: str, value: str) -> None:
+        self._check("experiments/set-experiment-tag")
+        self.experiment_tags.setdefault(experiment_id, {})[key] = value
 
     def create_run(self, experiment_id: str, run_name: str | None = None, tags: Mapping[str, str] | None = None) -> Any:
         self._check("runs/create")

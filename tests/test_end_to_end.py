@@ -107,7 +107,10 @@ def test_probe_run_is_tracked_completely(mlflow_server: MlflowServer, job_paths:
     client = MlflowClient(tracking_uri=mlflow_server.uri)
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED"
-    assert client.get_experiment(run.info.experiment_id).name == "probe"
+    experiment = client.get_experiment(run.info.experiment_id)
+    assert experiment.name == "probe"
+    # MLflow 3 opens the experiment in its classic view (runs and charts), not the GenAI one (traces)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     params, tags = run.data.params, run.data.tags
     assert params["model.name"] == "tiny_trained" and params["host.name"] == "local"
     assert params["probe.model.class"] == "Qwen3_5ForCausalLM"

@@ -22,11 +22,16 @@ from orchestrator.tracking.status import NOT_STARTED, Outcome, RunStatus, Stage
 
 
 def ensure_experiment(client: MlflowClient, name: str, artifact_root: str | None) -> str:
+    """The experiment's id, created where missing. Its kind is set (where nothing set it) so that MLflow 3
+    opens it in its classic view of runs, metrics and charts, not its GenAI one (traces, evaluations)."""
     existing = client.get_experiment_by_name(name)
     if existing is not None:
+        if tags.EXPERIMENT_KIND not in (getattr(existing, "tags", None) or {}):
+            client.set_experiment_tag(existing.experiment_id, tags.EXPERIMENT_KIND, tags.CLASSIC_EXPERIMENT)
         return existing.experiment_id
     location = f"{Path(artifact_root).as_uri()}/{name}" if artifact_root else None
-    return client.create_experiment(name, artifact_location=location)
+    kind = {tags.EXPERIMENT_KIND: tags.CLASSIC_EXPERIMENT}
+    return client.create_experiment(name, artifact_location=location, tags=kind)
 
 
 def run_name(config: JobConfig, varying: Mapping[str, str] | None = None) -> str:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 # MLflow's own tags.
 PARENT_RUN_ID = "mlflow.parentRunId"
+EXPERIMENT_KIND = "mlflow.experimentKind"  # an experiment's: which of its views MLflow 3's UI opens
+CLASSIC_EXPERIMENT = "custom_model_development"  # runs, metrics, charts (not GenAI's traces and evaluations)
 SOURCE_GIT_COMMIT = "mlflow.source.git.commit"
 
 # What the run is, and where it lives (`config/location.py`): attach, cancel and logs read these back.
