@@ -712,7 +712,7 @@ def test_cancel_of_a_followed_run_is_a_cancel_on_both_terminals_and_in_mlflow(
     following = Terminal(width=80)
     code, out = run(job_config(tmp_path), host, following)
     job = the_run(tracking)
-    assert cancelled == [0] and code == 130, out
+    assert cancelled == [0] and code == 143, out  # not 130, the code of its own Ctrl-C
     assert host.signals_sent() == (["-TERM"] if writes_its_end else ["-TERM", "-KILL"])
     assert f"cancelled {job.run_id}: worker stopped; the orchestrator following it (pid " in cancelling.words
     assert cancelling.words.endswith("ends the run KILLED (cancelled by the user)")
@@ -721,6 +721,10 @@ def test_cancel_of_a_followed_run_is_a_cancel_on_both_terminals_and_in_mlflow(
     assert "signal" not in out and "disappeared" not in out and "worker error" not in out
     assert job.status == "KILLED"
     assert job.tags[tags.ERROR] == "cancelled by the user" and job.tags[tags.FAILURE_STAGE] == "cancel"
+    assert job.tags[tags.NOTE].startswith("**KILLED**: cancelled by the user")  # not "No description"
+    for scope, child in ((r.tags[tags.SCOPE], r) for r in tracking.runs.values() if tags.SCOPE in r.tags):
+        if not child.metrics:  # a method the cancel came before says so, not an empty KILLED page
+            assert child.tags[tags.NOTE].startswith(f"**Not reached**: the run ended KILLED before {scope}")
     assert_exact(tracking, host)
 
 

@@ -575,7 +575,7 @@ def _report(console: Console, job: Job, outcome: Outcome) -> int:
     console.print(summary_table(outcome.status.value, outcome.error, job.summary, links))
     # On a line of its own and never folded, so that it can be clicked or pasted whatever the width.
     console.print(run_url(job.client, job.experiment_id, run_id), soft_wrap=True, markup=False, highlight=False)
-    return outcome.status.exit_code
+    return outcome.code
 
 
 def _stopping(ctrl_c: CtrlC, slurm: SlurmSignals) -> Callable[[], None]:

@@ -61,7 +61,7 @@ from orchestrator.tracking.client import TrackingUnavailable, outages_named, sho
 from orchestrator.tracking.job_summary import generation_rows, prompt_dataset, summarize
 from orchestrator.tracking.plots import SUMMARY_FILE, plot_decode_summary
 from orchestrator.tracking.runs import attach_command, cancel_command, end_run, mark_detached
-from orchestrator.tracking.status import Outcome, RunStatus, Stage
+from orchestrator.tracking.status import CANCELLED_ELSEWHERE_EXIT, Outcome, RunStatus, Stage
 from remote_worker.prompt_set import RUN_PROMPTS_FILE
 
 STDERR_TAIL_LINES = 20
@@ -286,7 +286,7 @@ def conclude(job: Job, status: WorkerStatus) -> Outcome:
     if not on_its_own and _cancel_requested(job):
         if job.config.command.value != "cancel":  # the cancel command itself says it its own way
             job.live.note("[yellow]the run was cancelled by the user (`cancel=` from another command)[/yellow]")
-        return Outcome(RunStatus.KILLED, CANCELLED_BY_USER, Stage.CANCEL)
+        return Outcome(RunStatus.KILLED, CANCELLED_BY_USER, Stage.CANCEL, CANCELLED_ELSEWHERE_EXIT)
     if end is not None:
         job.summary = dict(data.get("summary") or {})
         worker_status_ = RunStatus.from_worker(data.get("status"))
@@ -496,12 +496,37 @@ def _log_file(job: Job, path: Path, folder: str | None = None) -> None:
 
 
 def finish(job: Job, outcome: Outcome) -> None:
+    if outcome.status is not RunStatus.FINISHED:
+        _describe_unfinished(job, outcome)
     with outages_named():
         if job.config.command.value == "attach":
             job.client.set_tag(job.state.run_id, tags.DETACHED, "false")  # followed to its end after all
         end_run(job.client, job.sink.run_ids(), outcome, error_already_tagged=job.sink.error is not None)
     with contextlib.suppress(OSError):  # MLflow holds it now (events.jsonl); only the stream state stays
         job.mirror.path.unlink()
+
+
+def _describe_unfinished(job: Job, outcome: Outcome) -> None:
+    """A run that did not finish says so on its page, and which of its methods decoded before the end; a
+    method run the end came before says it was not reached (rather than an empty page, KILLED like the rest).
+    An extra: what MLflow cannot take now is left out."""
+    status, why = outcome.status.value, redact_text(outcome.error or "")
+    try:
+        with outages_named():
+            reached, missed = [], []
+            for scope, run_id in job.state.children.items():
+                (reached if job.client.get_run(run_id).data.metrics else missed).append(scope)
+            for scope in missed:
+                note = f"**Not reached**: the run ended {status} before {scope} decoded anything ({why})."
+                job.client.set_tag(job.state.children[scope], tags.NOTE, note)
+            page = f"**{status}**: {why}" if why else f"**{status}**"
+            if job.state.children:
+                page += "\n\nDecoded before the end: " + (", ".join(reached) or "none")
+                page += ("; not reached: " + ", ".join(missed)) * bool(missed) + "."
+            if tags.NOTE not in job.client.get_run(job.state.run_id).data.tags:
+                job.client.set_tag(job.state.run_id, tags.NOTE, page)
+    except Exception as exc:  # noqa: BLE001 - the end itself matters more than its description
+        job.live.note(f"[yellow]no description: {type(exc).__name__}: {short_reason(exc)}[/yellow]")
 
 
 def leave_for_attach(job: Job, reason: str) -> Outcome:

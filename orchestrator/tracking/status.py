@@ -5,7 +5,8 @@
 | FINISHED   | FINISHED          | 0         | the worker recorded `end` FINISHED and everything was applied           |
 | FAILED     | FAILED            | 1         | the worker recorded FAILED, or died, or a phase before it failed, or    |
 |            |                   |           | Slurm's time limit stopped it                                           |
-| KILLED     | KILLED            | 130       | Ctrl-C, `cancel`, a cancelled sweep, `scancel`, or the worker's SIGTERM |
+| KILLED     | KILLED            | 130       | Ctrl-C, a cancelled sweep, `scancel`, or the worker's SIGTERM           |
+|            |                   | 143       | `cancel=` from another command, for the orchestrator following the run  |
 | DETACHED   | stays RUNNING     | 75        | left for `attach` (host or MLflow out of reach), or for the requeued    |
 |            |                   |           | Slurm job that resumes it                                               |
 
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 CONFIG_ERROR_EXIT = 2
+CANCELLED_ELSEWHERE_EXIT = 143  # 128 + SIGTERM: stopped on request from elsewhere, not by this terminal's Ctrl-C
 NOT_STARTED = "not started: "  # how the error of a sweep's job cancelled before it began starts
 
 
@@ -77,3 +79,9 @@ class Outcome:
     status: RunStatus
     error: str | None = None
     stage: Stage | None = None
+    exit_code: int | None = None  # where the status's own code would say something else (see the table)
+
+    @property
+    def code(self) -> int:
+        """The process's exit code for this ending."""
+        return self.status.exit_code if self.exit_code is None else self.exit_code
