@@ -10,6 +10,7 @@ import matplotlib.pyplot as plt
 import pytest
 
 from orchestrator.tracking.job_summary import summarize
+from orchestrator.tracking.markdown_table import plain_markdown
 from orchestrator.tracking.plots import HEATMAP_RANKS, draw_acceptance_profiles, draw_budget_curve
 
 LINE = "on this host, budget 6 is predicted fastest: ×1.40 vs AR (measured at 4: ×1.20)"
@@ -63,7 +64,7 @@ def document() -> dict:
 
 
 def test_the_description_says_which_budget_to_use_before_the_tables() -> None:
-    lines = summarize(document(), "t").markdown.splitlines()
+    lines = plain_markdown(summarize(document(), "t").markdown).splitlines()
     assert lines[2].startswith("Best: **ddtree_tb4**")
     assert lines[4] == f"Budget: {LINE}."
     start = next(i for i, line in enumerate(lines) if line.startswith("**tau at every budget**"))
@@ -90,7 +91,9 @@ def test_the_budget_csv_has_every_budget() -> None:
 def test_a_job_without_ddtree_has_no_budget_section() -> None:
     bare = {**document(), "budget_curve": None, "prediction": None}
     rendered = summarize(bare, "t")
-    assert "Budget:" not in rendered.markdown and "tau at every budget" not in rendered.markdown
+    assert "Budget:" not in plain_markdown(rendered.markdown) and "tau at every budget" not in plain_markdown(
+        rendered.markdown
+    )
     assert rendered.budget_csv is None
 
 

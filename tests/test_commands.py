@@ -25,7 +25,7 @@ def test_detach_list_and_cancel(mlflow_server: MlflowServer, job_paths: JobPaths
     client = MlflowClient(tracking_uri=mlflow_server.uri)
     run = client.get_run(run_id)
     assert run.info.status == "RUNNING" and run.data.tags["orchestrator.detached"] == "true"
-    address = f"{mlflow_server.uri}/#/experiments/{run.info.experiment_id}/runs/{run_id}"
+    address = f"{mlflow_server.uri}/#/experiments/{run.info.experiment_id}/runs/{run_id}?workflowType=machine_learning"
     assert launched.stdout.splitlines()[-1] == address, launched.stdout  # as a followed run ends
     assert time.monotonic() - started < 60
 

@@ -16,6 +16,7 @@ from markdown_it import MarkdownIt
 from orchestrator import CONF_DIR
 from orchestrator.config.validation import validate
 from orchestrator.tracking.job_summary import generation_rows, summarize
+from orchestrator.tracking.markdown_table import plain_markdown
 from orchestrator.tracking.runs import run_name
 from remote_worker.experiments.ddtree_gdn import (
     ONE_PASS,
@@ -44,11 +45,13 @@ SUMMARY = {
 
 def test_the_table_has_a_row_per_method_in_order_and_names_the_best() -> None:
     rendered = summarize(SUMMARY, "tiny_trained · float32 · T=0 · local")
-    rows = [line for line in rendered.markdown.splitlines() if line.startswith("| ") and "---" not in line]
+    rows = [
+        line for line in plain_markdown(rendered.markdown).splitlines() if line.startswith("| ") and "---" not in line
+    ]
     assert [row.split("|")[1].strip() for row in rows] == ["method", "ar", "dflash", "ddtree_tb32"]
-    assert "| ddtree_tb32 | 4.50 | 250.0 | 240.0–260.0 | ×2.50 |" in rendered.markdown
-    assert "1 / 0" in rendered.markdown  # near tie / unexplained
-    assert rendered.markdown.splitlines()[2] == (  # under the answer: what MLflow shows collapsed
+    assert "| ddtree_tb32 | 4.50 | 250.0 | 240.0–260.0 | ×2.50 |" in plain_markdown(rendered.markdown)
+    assert "1 / 0" in plain_markdown(rendered.markdown)  # near tie / unexplained
+    assert plain_markdown(rendered.markdown).splitlines()[2] == (  # under the answer: what MLflow shows collapsed
         "Best: **ddtree_tb32**, ×2.50 vs AR at tau 4.50 — one pass per prompt (decode.repeats=1): no spread to "
         "tell noise from a difference."
     )
@@ -57,7 +60,7 @@ def test_the_table_has_a_row_per_method_in_order_and_names_the_best() -> None:
 
 
 def test_the_description_answers_first_then_a_table_markdown_reads_as_columns() -> None:
-    lines = summarize(SUMMARY, "tiny_trained · float32 · T=0 · local").markdown.splitlines()
+    lines = plain_markdown(summarize(SUMMARY, "tiny_trained · float32 · T=0 · local").markdown).splitlines()
     assert (
         lines[0] == "**DDTree-32**: tau 4.50, ×2.50 vs AR, lossless 0.50 · **DFlash**: tau 3.40, ×2.20 vs AR, lossless"
     )
@@ -73,15 +76,23 @@ def test_the_description_answers_first_then_a_table_markdown_reads_as_columns() 
 
 def test_the_range_is_at_the_medians_precision_and_holds_it() -> None:
     method = {"scope": "ar", "tokens_per_s": 8.6, "tokens_per_s_min": 8.55, "tokens_per_s_max": 9.2}
-    row = next(line for line in summarize({"methods": [method]}, "t").markdown.splitlines() if line.startswith("| ar"))
+    row = next(
+        line
+        for line in plain_markdown(summarize({"methods": [method]}, "t").markdown).splitlines()
+        if line.startswith("| ar")
+    )
     assert row == "| ar | 8.6 | 8.6–9.2 |"
     once = {**method, "tokens_per_s_min": 8.6, "tokens_per_s_max": 8.6}  # one pass: a range would only repeat it
-    assert "| method | decode tok/s |" in summarize({"methods": [once]}, "t").markdown.splitlines()
+    assert "| method | decode tok/s |" in plain_markdown(summarize({"methods": [once]}, "t").markdown).splitlines()
     rng = random.Random(0)
     for _ in range(2000):  # whatever the spread, the median printed lies inside the range printed beside it
         low, median, high = sorted(rng.uniform(0, 50) for _ in range(3))
         method = {"scope": "ar", "tokens_per_s": median, "tokens_per_s_min": low, "tokens_per_s_max": high}
-        row = next(line for line in summarize({"methods": [method]}, "t").markdown.splitlines() if "| ar" in line)
+        row = next(
+            line
+            for line in plain_markdown(summarize({"methods": [method]}, "t").markdown).splitlines()
+            if "| ar" in line
+        )
         shown, spread = row.split(" | ")[1:3]
         assert float(spread.split("–")[0]) <= float(shown) <= float(spread.split("–")[1].rstrip(" |")), row
 
@@ -101,8 +112,8 @@ def _with_intervals() -> dict[str, Any]:
 
 def test_the_intervals_over_prompts_are_columns_of_the_table_and_the_csv() -> None:
     rendered = summarize(_with_intervals(), "t")
-    lines = rendered.markdown.splitlines()
-    assert lines[0] == summarize(SUMMARY, "t").markdown.splitlines()[0]  # the answer's line stays short
+    lines = plain_markdown(rendered.markdown).splitlines()
+    assert lines[0] == plain_markdown(summarize(SUMMARY, "t").markdown).splitlines()[0]  # the answer's line stays short
     header = next(line for line in lines if line.startswith("| method"))
     assert header.startswith(
         "| method | tau | tau 95% CI | decode tok/s | range | speedup vs AR | speedup 95% CI | vs DFlash |"
@@ -111,7 +122,7 @@ def test_the_intervals_over_prompts_are_columns_of_the_table_and_the_csv() -> No
     assert rows["ar"].startswith("| ar | 1.00 |  | 100.0 | 95.0–104.0 | ×1.00 |  |  |")  # AR: 1 by definition
     assert rows["dflash"].startswith("| dflash | 3.40 | 3.12–3.48 | 220.0 | 210.0–230.0 | ×2.20 | ×2.05–2.31 |  |")
     assert "| ×2.50 | ×2.31–2.70 | ×1.12 (1.05–1.20) |" in rows["ddtree_tb32"]
-    html = MarkdownIt("commonmark").enable("table").render(rendered.markdown)
+    html = MarkdownIt("commonmark").enable("table").render(plain_markdown(rendered.markdown))
     assert "<th>vs DFlash</th>" in html and "<td>×1.12 (1.05–1.20)</td>" in html  # still one table
     table = list(csv.DictReader(io.StringIO(rendered.csv)))
     keys = ("tau_ci_low", "tau_ci_high", "speedup_vs_ar_ci_low", "speedup_vs_ar_ci_high", "speedup_vs_dflash",
@@ -124,10 +135,10 @@ def test_without_intervals_no_interval_columns_and_ddtree_over_dflash_alone() ->
     """One prompt: no interval (no spread to resample), but DDTree's speedup over DFlash is still a figure."""
     one = {**SUMMARY, "methods": [{**m, "speedup_vs_dflash": 1.14} if m["method"] == "ddtree" else m
                                   for m in SUMMARY["methods"]]}  # fmt: skip
-    markdown = summarize(one, "t").markdown
+    markdown = plain_markdown(summarize(one, "t").markdown)
     assert "95% CI" not in markdown and "| vs DFlash |" in markdown
     assert "| ×2.50 | ×1.14 |" in markdown
-    assert "vs DFlash" not in summarize(SUMMARY, "t").markdown
+    assert "vs DFlash" not in plain_markdown(summarize(SUMMARY, "t").markdown)
 
 
 def test_the_job_run_and_the_terminal_carry_the_intervals() -> None:
@@ -157,7 +168,7 @@ def _what_the_job_says(*methods: dict[str, Any]) -> tuple[str, str, dict[str, fl
     summary = {m["scope"]: {k: v for k, v in m.items() if isinstance(v, float)} for m in methods}
     headline, verdict = headline_metrics(summary)
     document = {"methods": list(methods), "best": best_record(verdict)}
-    line = summarize(document, "t").markdown.splitlines()[2]
+    line = plain_markdown(summarize(document, "t").markdown).splitlines()[2]
     row = _terminal_summary({scope: {**m, "repetition_share": 0.0} for scope, m in summary.items()}, verdict)
     return line, row["best"], {k: v for k, v in headline.items() if k.startswith("best.")}
 
@@ -213,7 +224,7 @@ def test_a_slowdown_is_never_best_without_saying_it_is_slower_than_ar() -> None:
 def test_at_temperature_above_zero_the_exactness_columns_are_left_out() -> None:
     hot = {"methods": [{k: v for k, v in m.items() if "lossless" not in k and "divergences" not in k}
                        for m in SUMMARY["methods"]]}  # fmt: skip
-    assert "lossless" not in summarize(hot, "t").markdown
+    assert "lossless" not in plain_markdown(summarize(hot, "t").markdown)
 
 
 def test_the_jobs_metrics_lead_with_the_best_then_each_figure_across_methods() -> None:
@@ -254,3 +265,15 @@ def test_run_names_say_what_matters_first() -> None:
     assert swept.startswith("bs=8 max_new_tokens=64 · tiny_trained T=0 · ")  # a sweep's job: what varies first
     assert run_name(config, {"model": "tiny_trained"}).startswith("tiny_trained · T=0 bs=8 · ")
     assert run_name(probe).startswith("tiny_trained probe · ")
+
+
+def test_the_tables_cells_are_padded_and_short_ones_never_wrap_when_rendered() -> None:
+    """MLflow's description renders a table with no padding and wraps a cell where it may (`ddtree_tb164.00`,
+    intervals cut at their dash): rendered as MLflow renders Markdown, every cell has a no-break space at each
+    end, and a figure or a name has no place left to wrap."""
+    html = MarkdownIt("commonmark").enable("table").render(summarize(SUMMARY, "t").markdown)
+    cells = re.findall(r"<td>(.*?)</td>", html)
+    assert cells and all(c == "" or (c.startswith("\u00a0") and c.endswith("\u00a0")) for c in cells), cells
+    short = [c for c in cells if 0 < len(c) <= 26]
+    assert all(" " not in c and re.search(r"[^\u2060][–-]|[–-][^\u2060]", c) is None for c in short), short
+    assert "\u00a0240.0\u2060–\u2060260.0\u00a0" in cells and "\u00a0ddtree_tb32\u00a0" in cells

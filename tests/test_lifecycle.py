@@ -733,7 +733,10 @@ def test_detach_prints_the_runs_address_and_attach_names_the_runs_model(tmp_path
     code, out = run(job_config(tmp_path, "detach=true", "model=tiny_dense"), host, Terminal(width=80))
     job = the_run(tracking)
     assert code == 0, out
-    assert out.splitlines()[-1] == f"http://fake-mlflow:5000/#/experiments/{job.experiment_id}/runs/{job.run_id}"
+    assert (
+        out.splitlines()[-1]
+        == f"http://fake-mlflow:5000/#/experiments/{job.experiment_id}/runs/{job.run_id}?workflowType=machine_learning"
+    )
     code, out = run(job_config(tmp_path, f"attach={job.run_id[:8]}"), host)  # model= left at its default
     assert code == 0, out
     assert out.splitlines()[0] == f"attached to {job.run_id} on local · tiny_dense"

@@ -97,6 +97,7 @@ def test_a_parallel_sweep_is_one_parent_run_with_a_child_per_job(mlflow_server: 
     assert parent.data.params["grid.decode.temperature"] == "0,1"
     assert "job0.ddtree_tb8.tau" in parent.data.metrics
     url = f"sweep run: {mlflow_server.uri}/#/experiments/{parent.info.experiment_id}/runs/{parent.info.run_id}"
+    url += "?workflowType=machine_learning"
     assert result.stdout.count(url) == 2  # at its start and at its end
 
 

@@ -18,6 +18,7 @@ from orchestrator.sweep.plot import draw_sweep
 from orchestrator.sweep.rows import sweep_rows
 from orchestrator.sweep.summary import summarize_sweep
 from orchestrator.tracking import tags
+from orchestrator.tracking.markdown_table import plain_markdown
 from tests.fakes import FakeTracking
 
 SWEPT = ["decode.block_size", "decode.temperature", "decode.max_new_tokens"]
@@ -92,7 +93,7 @@ def test_the_parent_run_has_a_description_params_and_each_jobs_headline_metrics(
     status = summarize_sweep(client, experiment, parent, console, {0: "", 1: "", 2: ""}, SWEPT)
     assert status == "FINISHED"
     run = client.runs[parent]
-    note = run.tags[tags.NOTE].splitlines()
+    note = plain_markdown(run.tags[tags.NOTE]).splitlines()
     assert note[0] == "**Sweep FINISHED: 3 of 3 jobs finished** · varies block_size"
     assert note[2] == (
         "Fastest: job #1 (block_size=8) ddtree_tb8: tau 4.50, ×2.30 vs AR, lossless · one pass per prompt"
@@ -115,7 +116,10 @@ def test_the_parent_run_has_a_description_params_and_each_jobs_headline_metrics(
     assert run.tags[tags.SWEEP_BEST_JOB] == "1" and run.tags[tags.BEST_METHOD] == "ddtree_tb8"
     assert run.status == "FINISHED"
     text = console.export_text()
-    assert f"sweep run: http://fake-mlflow:5000/#/experiments/{experiment}/runs/{parent}" in text.splitlines()
+    assert (
+        f"sweep run: http://fake-mlflow:5000/#/experiments/{experiment}/runs/{parent}?workflowType=machine_learning"
+        in text.splitlines()
+    )
 
 
 def test_with_repeats_the_fastest_says_how_many_passes_and_a_slowdown_says_so() -> None:
@@ -123,7 +127,7 @@ def test_with_repeats_the_fastest_says_how_many_passes_and_a_slowdown_says_so() 
     for run in client.runs.values():  # every drafting method slower than AR
         run.metrics = {(k, t, s, v / 4 if k == "speedup_vs_ar" else v) for k, t, s, v in run.metrics}
     summarize_sweep(client, experiment, parent, Console(width=80, record=True), {0: "", 1: "", 2: ""}, SWEPT)
-    line = client.runs[parent].tags[tags.NOTE].splitlines()[2]
+    line = plain_markdown(client.runs[parent].tags[tags.NOTE]).splitlines()[2]
     assert line.endswith("×0.57 vs AR, lossless (slower than AR) · median of 3 passes"), line
 
 
@@ -132,7 +136,7 @@ def test_the_intervals_over_prompts_are_columns_of_the_description_the_csv_and_m
     console = Console(width=80, record=True, color_system=None)
     summarize_sweep(client, experiment, parent, console, {0: "", 1: "", 2: ""}, SWEPT)
     run = client.runs[parent]
-    note = run.tags[tags.NOTE].splitlines()
+    note = plain_markdown(run.tags[tags.NOTE]).splitlines()
     assert note[2] == (
         "Fastest: job #1 (block_size=8) ddtree_tb8: tau 4.50, ×2.30 (2.20–2.40) vs AR, lossless · one pass per prompt"
     )
@@ -162,7 +166,7 @@ def test_one_prompt_runs_show_ddtree_over_dflash_without_interval_columns() -> N
     for run in client.runs.values():  # one prompt: no intervals, DDTree's ratio to DFlash all the same
         run.metrics = {m for m in run.metrics if "_ci_" not in m[0]}
     summarize_sweep(client, experiment, parent, Console(width=80, record=True), {0: "", 1: "", 2: ""}, SWEPT)
-    note = client.runs[parent].tags[tags.NOTE].splitlines()
+    note = plain_markdown(client.runs[parent].tags[tags.NOTE]).splitlines()
     assert note[4] == "| job | status | block_size | method | tau | ×AR | vs DFlash | tok/s | lossless |"
     assert note[13] == "| 1 | FINISHED | 8 | ddtree_tb8 | 4.50 | ×2.30 | ×1.77 | 230.0 | 1.00 |"
 

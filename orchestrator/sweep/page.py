@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from orchestrator.sweep.rows import INTERVALS, Row, short_names, varying_keys
 from orchestrator.tracking.job_summary import SPEEDUP_CI, TAU_CI, VS_DFLASH, cell
+from orchestrator.tracking.markdown_table import markdown_table
 
 # The per-method figures each job contributes to the parent's metrics: `job3.ddtree_tb32.speedup_vs_ar`, and
 # where the method has them the 95 % intervals over prompts (`job3.ddtree_tb32.tau_ci_low`, …).
@@ -97,12 +98,12 @@ def description(rows: list[Row], status: str) -> str:
     lines += [best.line(names) if best is not None else "No drafting method has a speedup to compare.", ""]
     figures = description_columns(rows)
     header = ["job", "status", *(names[k] for k in keys), "method", *(name for name, _ in figures)]
-    lines += ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    body = []
     for row in rows:
         settings = row.settings()
         cells = [str(row.job), row.status, *(settings.get(k, "") for k in keys), row.method]
-        cells += [cell(row) for _, cell in figures]
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        body.append(cells + [cell(row) for _, cell in figures])
+    lines += markdown_table(header, body)
     errors = [f"- job #{r.job} {r.status}: {r.error}" for r in {r.job: r for r in rows}.values() if r.error]
     if errors:
         lines += ["", *errors]

@@ -12,6 +12,8 @@ import csv
 import io
 from typing import Any
 
+from orchestrator.tracking.markdown_table import markdown_table
+
 CSV_HEADER = ("budget", "tau_estimate", "tau_measured", "tau_error", "predicted_tokens_per_s", "tokens_per_s")
 
 
@@ -51,18 +53,14 @@ def budget_markdown(document: dict[str, Any]) -> list[str]:
         f"**tau at every budget**, estimated from the {curve['rounds']} rounds of {curve['scope']} (each round "
         "cut to the budget's first nodes); measured where the run decoded at that budget",
         "",
-        "| budget | " + " | ".join(str(r["budget"]) for r in picked) + " |",
-        "|" + " --- |" * (len(picked) + 1),
     ]
     figures = [("tau, estimated", "tau_estimate", "{:.2f}"), ("tau, measured", "tau_measured", "{:.2f}"),
                ("estimate − measured", "tau_error", "{:+.2f}")]  # fmt: skip
     if prediction:
         figures += [("tok/s, predicted", "predicted_tokens_per_s", "{:.0f}"),
                     ("tok/s, measured", "tokens_per_s", "{:.0f}")]  # fmt: skip
-    for name, key, form in figures:
-        cells = [form.format(r[key]) if r[key] is not None else "" for r in picked]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return lines
+    body = [[name, *(form.format(r[key]) if r[key] is not None else "" for r in picked)] for name, key, form in figures]
+    return lines + markdown_table(["budget", *(str(r["budget"]) for r in picked)], body)
 
 
 def budget_line(document: dict[str, Any]) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.tracking.budget_table import budget_csv, budget_line, budget_markdown
+from orchestrator.tracking.markdown_table import markdown_table
 
 # The range beside the median tokens/s is printed at the median's own precision: rounding to one format keeps
 # order, so the median shown always lies inside it (rounded to whole numbers, 8.55–9.2 read "9–9" beside 8.6).
@@ -99,10 +100,8 @@ def summarize(document: dict[str, Any], title: str) -> JobSummary:
     if budget:
         lines += [budget, ""]
     lines += [f"**{title}**", ""]
-    lines += ["| method | " + " | ".join(c[0] for c in columns) + " |", "|" + " --- |" * (len(columns) + 1)]
-    for method in methods:
-        cells = [cell(method, key, form) for _name, key, form in columns]
-        lines.append(f"| {method.get('scope', '?')} | " + " | ".join(cells) + " |")
+    body = [[str(m.get("scope", "?")), *(cell(m, key, form) for _name, key, form in columns)] for m in methods]
+    lines += markdown_table(["method", *(c[0] for c in columns)], body)
     section = budget_markdown(document)
     if section:
         lines += ["", *section]

@@ -139,9 +139,11 @@ def end_unstarted_job(client: MlflowClient, run_id: str, reason: str) -> None:
 
 
 LOCAL_UI = "http://127.0.0.1:5000"  # where `make ui` serves a local store
+# MLflow 3's UI opens in its GenAI mode unless the address (or the browser's last choice) says otherwise.
+CLASSIC_VIEW = "workflowType=machine_learning"
 
 
 def run_url(client: MlflowClient, experiment_id: str, run_id: str) -> str:
     uri = client.tracking_uri
     base = redact_url(uri.rstrip("/")) if uri.startswith("http") else LOCAL_UI
-    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}"
+    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}?{CLASSIC_VIEW}"
