@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import csv
 import io
+import json
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pytest
+from matplotlib.axes import Axes
 
 from orchestrator.tracking.job_summary import summarize
 from orchestrator.tracking.markdown_table import plain_markdown
-from orchestrator.tracking.plots import HEATMAP_RANKS, draw_acceptance_profiles, draw_budget_curve
+from orchestrator.tracking.plots import HEATMAP_RANKS, draw_acceptance_profiles, draw_budget_curve, plot_decode_summary
 
 LINE = "on this host, budget 6 is predicted fastest: ×1.40 vs AR (measured at 4: ×1.20)"
 
@@ -121,7 +124,47 @@ def test_the_heatmap_cells_are_each_depth_and_rank_share_of_rounds() -> None:
     assert [axis.get_title() for axis in panels] == ["DFlash · 10 rounds", "DDTree 8 · 10 rounds"]
     grid = panels[1].get_images()[0].get_array()
     assert grid.shape == (3, HEATMAP_RANKS)  # the deepest method's depths, ranks 0–6 and "≥7"
-    assert list(grid[0]) == pytest.approx([0.5, 0.2, 0, 0, 0, 0, 0, 0.2])  # ranks 8 and 9 summed into ≥7
-    assert list(grid[1][:2]) == pytest.approx([0.4, 0.1]) and list(grid[2]) == [0] * HEATMAP_RANKS
+    assert list(grid[0]) == pytest.approx([50, 20, 0, 0, 0, 0, 0, 20])  # percent; ranks 8 and 9 summed into ≥7
+    assert list(grid[1][:2]) == pytest.approx([40, 10]) and list(grid[2]) == [0] * HEATMAP_RANKS
     assert [tick.get_text() for tick in panels[1].get_yticklabels()] == ["1 · 90%", "2 · 50%", "3 · 0%"]
+    # The cells' numbers are readable on the page, and the colour bar reads in the percent they are written in.
+    cells = [text for text in panels[1].texts if text.get_text()]
+    assert [text.get_text() for text in cells[:2]] == ["50", "20"] and {t.get_fontsize() for t in cells} == {9}
+    (bar,) = [axis for axis in fig.axes if not axis.get_images() and axis.get_label() == "<colorbar>"]
+    assert bar.get_ylim() == pytest.approx((0, 100)) and "%" in bar.get_ylabel()
     plt.close(fig)
+
+
+def test_the_tokens_per_s_panel_keeps_its_lines_off_the_frame_and_its_legend_off_the_lines() -> None:
+    """A predicted AR faster than anything else (a busy host) sat on the frame, and the legend covered the
+    baselines: the panel runs from 0 to a margin over its highest line, its legend below the plot."""
+    summary = document()
+    summary["prediction"]["ar_predicted_tokens_per_s"] = 2 * max(summary["prediction"]["tokens_per_s"])
+    fig = draw_budget_curve(summary)
+    right = fig.axes[1]
+    fig.canvas.draw()
+    low, high = right.get_ylim()
+    tops = [max(line.get_ydata()) for line in right.get_lines()]
+    assert low == 0 and max(tops) * 1.05 < high
+    legend = right.get_legend().get_window_extent()
+    assert legend.y1 <= right.get_window_extent().y0  # wholly below the plot's frame
+    plt.close(fig)
+
+
+def test_one_pass_is_not_drawn_as_a_range_over_repeats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each method's range over its passes is one value when it ran once: drawn as points, never labelled a
+    range over repeats."""
+    summary = document()
+    for method in summary["methods"]:
+        for key in ("tau", "speedup_vs_ar"):
+            method[f"{key}_min"] = method[f"{key}_max"] = method.get(key, 1.0)
+    summary["acceptance_lengths"] = {"dflash": [1, 2], "ddtree_tb8": [2, 3]}
+    path = tmp_path / "decode_summary.json"
+    path.write_text(json.dumps(summary))
+    ranges: list[str] = []
+    errorbar = Axes.errorbar
+    monkeypatch.setattr(
+        Axes, "errorbar", lambda self, *a, **k: ranges.append(k.get("label")) or errorbar(self, *a, **k)
+    )
+    plot_decode_summary(path, tmp_path)
+    assert not any("range over repeats" in str(label) for label in ranges), ranges

@@ -37,7 +37,7 @@ def plot_decode_summary(summary_file: Path, out_dir: Path) -> list[Path]:
     for axis, key, label in ((axes[0], "tau", "tau (tokens per round)"), (axes[1], "speedup_vs_ar", "speedup vs AR")):
         values = [m[key] for m in trees]
         low, high = f"{key}_min", f"{key}_max"
-        if trees and all(low in m and high in m for m in trees):
+        if trees and all(low in m and high in m for m in trees) and any(m[low] != m[high] for m in trees):
             errors = [[m[key] - m[low] for m in trees], [m[high] - m[key] for m in trees]]
             axis.errorbar(budgets, values, yerr=errors, fmt="o-", capsize=3, label="DDTree (range over repeats)")
         else:
@@ -115,10 +115,25 @@ def draw_budget_curve(summary: dict) -> plt.Figure:
         if prediction.get("compiled"):
             title += " (eager costs; the run decoded compiled rounds)"
         axis.set_title(title, fontsize="small")
-        axis.legend(fontsize="small", loc="best")
+        # From 0 to a margin over the highest line, error bars included: no reference line on the frame.
+        axis.set_ylim(0, TOP_MARGIN * max(_drawn_top(axis), 1e-9))
+        # Below the plot, never over a line: the baselines run the whole width, where "best" put it on them.
+        axis.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
     fig.suptitle(f"DDTree budgets · {_context(summary)}", fontsize="medium")
     fig.tight_layout()
     return fig
+
+
+TOP_MARGIN = 1.12  # the tokens/s panel's top, over its highest line
+
+
+def _drawn_top(axis: plt.Axes) -> float:
+    """The highest y of everything drawn on `axis`: lines, markers, reference lines and error bars."""
+    tops = [float(max(line.get_ydata())) for line in axis.get_lines() if len(line.get_ydata())]
+    for collection in axis.collections:  # error bars
+        for segment in collection.get_segments():
+            tops += [float(y) for _, y in segment]
+    return max(tops, default=0.0)
 
 
 def _measured_points(axis: plt.Axes, trees: list[dict], key: str, label: str) -> None:
@@ -140,6 +155,7 @@ def _measured_points(axis: plt.Axes, trees: list[dict], key: str, label: str) ->
 # Ranks from this one on are summed into the last column of the heatmap ("≥7"): the draft's later choices are rare.
 HEATMAP_RANKS = 8
 HEATMAP_COLUMNS = 3  # panels per row: a page shows the figure at its width, six panels in a row are unreadable
+HEATMAP_FONT = 9  # points: the cells' numbers, readable where the page shrinks the figure to its width
 
 
 def draw_acceptance_profiles(summary: dict) -> plt.Figure:
@@ -160,16 +176,16 @@ def draw_acceptance_profiles(summary: dict) -> plt.Figure:
         axis.set_visible(False)
     image = None
     for axis, (scope, profile) in zip(panels, profiles.items(), strict=False):
-        grid = [[0.0] * HEATMAP_RANKS for _ in range(depth)]
+        grid = [[0.0] * HEATMAP_RANKS for _ in range(depth)]  # percent of rounds, as the colour bar reads
         for d, row in enumerate(profile["counts"]):
             for rank, count in enumerate(row):
-                grid[d][min(rank, HEATMAP_RANKS - 1)] += count / profile["rounds"]
-        image = axis.imshow(grid, cmap="viridis", norm=PowerNorm(0.5, vmin=0, vmax=1), aspect="auto")
+                grid[d][min(rank, HEATMAP_RANKS - 1)] += 100 * count / profile["rounds"]
+        image = axis.imshow(grid, cmap="viridis", norm=PowerNorm(0.5, vmin=0, vmax=100), aspect="auto")
         for d, row in enumerate(grid):
             for rank, share in enumerate(row):
-                if share >= 0.01:
-                    colour = "black" if share > 0.3 else "white"
-                    axis.text(rank, d, f"{100 * share:.0f}", ha="center", va="center", fontsize=6, color=colour)
+                if share >= 1:
+                    colour = "black" if share > 30 else "white"
+                    axis.text(rank, d, f"{share:.0f}", ha="center", va="center", fontsize=HEATMAP_FONT, color=colour)
         reach = list(profile.get("reach") or [])
         reach += [0.0] * (depth - len(reach))
         axis.set_xticks(range(HEATMAP_RANKS), [*map(str, range(HEATMAP_RANKS - 1)), f"≥{HEATMAP_RANKS - 1}"])
@@ -179,7 +195,7 @@ def draw_acceptance_profiles(summary: dict) -> plt.Figure:
     for row in axes:
         row[0].set_ylabel("depth · share reaching it")
     if image is not None:
-        fig.colorbar(image, ax=panels, label="share of rounds (%, in the cells)", fraction=0.03)
+        fig.colorbar(image, ax=panels, label="share of rounds (%, also in the cells)", fraction=0.03)
     fig.suptitle(f"Where acceptance comes from · {_context(summary)}", fontsize="medium")
     return fig
 
