@@ -31,6 +31,7 @@ MAX_RUNS = 1000
 UNRECORDED = "ended, not recorded yet"  # the worker is gone, the run RUNNING in MLflow: `attach` records its end
 WRAP_AT = 12  # the narrowest a wrapping column of the list gets (`ended, not` / `recorded yet`)
 PROGRESS_ROOM = 24  # what the list's progress column gets before the others wrap or give way
+KINDS = {"ddtree_gdn": "decode", "probe": "probe", "node_cost": "node cost"}  # experiment → the list's `what`
 LOG_TAIL_BYTES = 256 * 1024  # enough for the last progress event and the end's best.* lines
 
 
@@ -81,6 +82,7 @@ class Listed:
     progress: str
     tau: str
     last_event: float | None = None  # unix seconds of the worker's newest event (a live worker's only)
+    what: str = ""  # decode, probe, node cost; `sweep #3` for a sweep's job
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,12 @@ def list_runs(console: Console, transport: Transport, config: JobConfig, client:
         console.print(f"no {what} on {config.host.name} (under {runs_dir})")
         return 0
     console.print(f"[bold]{what} on {escape(config.host.name)}[/bold]")
-    console.print(runs_table(rows, console.width, started=config.list_all))
+    table = runs_table(rows, console.width, started=config.list_all)
+    console.print(table)
+    if not any(column.header == "progress" for column in table.columns):  # no room beside the rest: below it
+        for row in rows:
+            if row.progress:
+                console.print(f"{row.run_id[:8]}  {escape(row.progress)}")
     for row in rows:
         if row.state == UNRECORDED:  # the whole command, never folded: it is to be pasted
             line = f"{row.run_id[:8]} {UNRECORDED}: {attach_command(config, row.run_id)}"
@@ -130,8 +137,9 @@ def list_runs(console: Console, transport: Transport, config: JobConfig, client:
 def runs_table(rows: list[Listed], width: int, *, started: bool) -> Table:
     """The rows as a table that fits `width` without cutting a word (left to itself, rich narrows every column
     alike and cuts run ids and method names to `ddtree_…`): the progress, last, takes the room the others
-    leave and wraps; where that is too little, the state and tau wrap at spaces, then `started` goes.
-    Without any progress to show (finished runs only), there is no progress column."""
+    leave and wraps; where that is too little, the state and tau wrap at spaces. Where there is still too
+    little (for list=all, which keeps `started`: any less than its wish), the progress is printed below the
+    table instead, and in list=all `elapsed` gives way to `started` if need be. Without any progress to show (finished runs only), there is no progress column."""
     cells = [
         {
             "run": row.run_id[:8],
@@ -141,12 +149,13 @@ def runs_table(rows: list[Listed], width: int, *, started: bool) -> Table:
             "state": row.state,
             "tau": row.tau,
             "progress": row.progress,
-            "last event": _ago(row.last_event),
+            "quiet": _ago(row.last_event),
+            "what": row.what,
         }
         for row in rows
     ]
-    names = ["run", "model", *(["started"] * started), "elapsed", "state", "tau"]
-    names += ["last event"] * any(cell["last event"] for cell in cells)
+    names = ["run", "model", *(["what"] * any(cell["what"] for cell in cells)), *(["started"] * started)]
+    names += ["elapsed", "state", *(["quiet"] * any(cell["quiet"] for cell in cells)), "tau"]
     names += ["progress"] * any(cell["progress"] for cell in cells)  # none: its room goes to the rest
     widths = {name: max(cell_len(text) for text in [name, *(cell[name] for cell in cells)]) for name in names}
     wanted = min(widths.get("progress", 0), PROGRESS_ROOM)
@@ -158,12 +167,15 @@ def runs_table(rows: list[Listed], width: int, *, started: bool) -> Table:
         for name in ("state", "tau"):
             longest_word = max(cell_len(word) for text in [name, *(c[name] for c in cells)] for word in text.split())
             widths[name] = min(widths[name], max(WRAP_AT, longest_word))
-    if room() < wanted and started:
-        names.remove("started")
+    least = max([8, *(cell_len(word) for c in cells for word in c["progress"].split())])  # no word cut
+    if "progress" in names and (room() < least or (room() < wanted and started)):
+        names.remove("progress")  # no room for it beside the rest: printed below the table, whole
+    if started and room() < 0:  # list=all still too wide: `started` says when, `elapsed` goes
+        names.remove("elapsed")
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
     for name in names:
         if name == "progress":
-            table.add_column(name, max_width=room() if room() >= WRAP_AT else None)
+            table.add_column(name, max_width=room())
         else:
             table.add_column(name, width=widths[name], no_wrap=name not in ("state", "tau"))
     for cell in cells:
@@ -184,6 +196,9 @@ def _listed(run_id: str, run: Run | None, worker_state: str | None, report: LogR
         return Listed(run_id, "?", None, None, worker_state or "?", report.progress, report.tau, last)
     data, info = run.data, run.info
     tau = _tau(data.metrics.get("best.tau"), data.tags.get(tags.BEST_METHOD))
+    job = data.tags.get(tags.SWEEP_JOB)
+    kind = KINDS.get(data.params.get("experiment.name", ""), data.params.get("experiment.name", "?"))
+    what = f"sweep #{job}" if job is not None else kind
     return Listed(
         run_id,
         data.tags.get(tags.MODEL, "?"),
@@ -193,6 +208,7 @@ def _listed(run_id: str, run: Run | None, worker_state: str | None, report: LogR
         report.progress,
         report.tau or tau,
         last,
+        what,
     )
 
 
@@ -232,18 +248,23 @@ def _progress(events: list[Event]) -> str:
 
 
 def _clock(started: float | None) -> str:
-    return time.strftime("%m-%d %H:%M", time.localtime(started)) if started else ""
+    """`14:05` today, `12-04` before: what tells runs apart, in the width list=all has at 80 columns."""
+    if not started:
+        return ""
+    when = time.localtime(started)
+    today = time.localtime().tm_yday == when.tm_yday and time.localtime().tm_year == when.tm_year
+    return time.strftime("%H:%M" if today else "%m-%d", when)
 
 
 def _ago(when: float | None) -> str:
-    """`4 s ago`, `1:05 ago`: how long since a live worker's newest event (a worker quiet for long shows it)."""
+    """`4s`, `1:05`, `2:00:07`: how long a live worker has been quiet (since its newest event)."""
     if when is None:
         return ""
     seconds = max(0, int(time.time() - when))
     if seconds < 60:
-        return f"{seconds} s ago"
+        return f"{seconds}s"
     minutes = f"{seconds % 3600 // 60}:{seconds % 60:02d}"
-    return f"{seconds // 3600}:{minutes.zfill(5)} ago" if seconds >= 3600 else f"{minutes} ago"
+    return f"{seconds // 3600}:{minutes.zfill(5)}" if seconds >= 3600 else minutes
 
 
 def _elapsed(started: float | None, ended: float | None) -> str:
