@@ -139,7 +139,8 @@ def runs_table(rows: list[Listed], width: int, *, started: bool) -> Table:
     alike and cuts run ids and method names to `ddtree_…`): the progress, last, takes the room the others
     leave and wraps; where that is too little, the state and tau wrap at spaces. Where there is still too
     little (for list=all, which keeps `started`: any less than its wish), the progress is printed below the
-    table instead, and in list=all `elapsed` gives way to `started` if need be. Without any progress to show (finished runs only), there is no progress column."""
+    table instead, and in list=all `elapsed` gives way to `started` if need be. Without any progress to show
+    (finished runs only), there is no progress column."""
     cells = [
         {
             "run": row.run_id[:8],
