@@ -83,7 +83,7 @@ def test_the_jobs_page_leads_with_the_best_and_says_it_is_one_pass(job) -> None:
         "best.predicted_budget",
         "best.predicted_speedup_vs_ar",
         "best.predicted_tokens_per_s",
-        "ar.tau",
+        "dflash.tau",
     ]
     best = run.data.tags["best.method"]
     assert run.data.metrics["best.speedup_vs_ar"] == run.data.metrics[f"{best}.speedup_vs_ar"]

@@ -231,12 +231,14 @@ def test_the_jobs_metrics_lead_with_the_best_then_each_figure_across_methods() -
     summary = {m["scope"]: {k: v for k, v in m.items() if isinstance(v, float)} for m in SUMMARY["methods"]}
     headline, verdict = headline_metrics(summary)
     assert verdict is not None and verdict.best == "ddtree_tb32"
-    assert list(headline)[:9] == [  # the order the job's run page lists them in (first logged, first listed)
+    assert list(headline)[:7] == [  # the order the job's run page lists them in (first logged, first listed)
         "best.speedup_vs_ar", "best.tau", "best.tokens_per_s",
-        "ar.tau", "dflash.tau", "ddtree_tb32.tau",
-        "ar.speedup_vs_ar", "dflash.speedup_vs_ar", "ddtree_tb32.speedup_vs_ar",
+        "dflash.tau", "ddtree_tb32.tau",
+        "dflash.speedup_vs_ar", "ddtree_tb32.speedup_vs_ar",
     ]  # fmt: skip
     assert headline["best.speedup_vs_ar"] == 2.5 and headline["ar.tokens_per_s"] == 100.0
+    # AR's figures that are 1 by definition are no headline: charts sort `ar.*` first, ahead of what varies
+    assert not {"ar.tau", "ar.speedup_vs_ar", "ar.lossless"} & set(headline)
     assert headline["dflash.tau"] == 3.4
 
 

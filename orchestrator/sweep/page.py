@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from orchestrator.sweep.rows import INTERVALS, Row, short_names, varying_keys
 from orchestrator.tracking.job_summary import SPEEDUP_CI, TAU_CI, VS_DFLASH, cell
 from orchestrator.tracking.markdown_table import markdown_table
+from remote_worker.decoding.comparison import AR_BY_DEFINITION
 
 # The per-method figures each job contributes to the parent's metrics: `job3.ddtree_tb32.speedup_vs_ar`, and
 # where the method has them the 95 % intervals over prompts (`job3.ddtree_tb32.tau_ci_low`, …).
@@ -133,6 +134,8 @@ def job_metrics(rows: list[Row]) -> dict[str, float]:
                 metrics[f"best.{key}"] = float(value)
     for row in rows:
         for key in JOB_METRICS:
+            if row.method == "ar" and key in AR_BY_DEFINITION:
+                continue
             if row.method and (value := getattr(row, key)) is not None:
                 metrics[f"job{row.job}.{row.method}.{key}"] = float(value)
     return metrics

@@ -26,7 +26,15 @@ from remote_worker import stop_signal
 from remote_worker.decoding.acceptance_profile import AcceptanceProfile
 from remote_worker.decoding.budget_choice import Measured, Prediction, predict
 from remote_worker.decoding.budget_curve import BudgetCurve, compare, curve_record
-from remote_worker.decoding.comparison import Comparison, Method, PromptRun, Settings, methods_for, run_prompt
+from remote_worker.decoding.comparison import (
+    AR_BY_DEFINITION,
+    Comparison,
+    Method,
+    PromptRun,
+    Settings,
+    methods_for,
+    run_prompt,
+)
 from remote_worker.decoding.compile_cache import CompileCache
 from remote_worker.decoding.compiled import CompiledRounds, compile_rounds, wanted
 from remote_worker.decoding.divergence import Divergence
@@ -422,7 +430,8 @@ def headline_metrics(summary: dict[str, dict[str, float]]) -> tuple[dict[str, fl
     for scope, metrics in summary.items():
         rest = (key for key in (*HEADLINE, *HEADLINE_AT_T0) if key not in HEADLINE_FIRST and key in metrics)
         headline.update({f"{scope}.{key}": metrics[key] for key in rest})
-    return headline, verdict
+    constant = {f"ar.{key}" for key in AR_BY_DEFINITION}
+    return {k: v for k, v in headline.items() if k not in constant}, verdict
 
 
 def judge(summary: dict[str, dict[str, float]]) -> Verdict | None:
