@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -274,7 +275,7 @@ def test_decode_sweep_lands_as_child_runs(mlflow_server: MlflowServer, job_paths
     else:
         assert tags["best.basis"].startswith("no method is clearly ahead over 2 passes: ")
         assert f"\n\nBest: {tags['best.basis']}.\n" in note and "best.speedup_vs_ar" not in metrics
-    assert run.info.run_name.startswith("tiny_trained T=0 · ")
+    assert re.fullmatch(r"\d\d-\d\d \d\d:\d\d · tiny_trained T=0", run.info.run_name), run.info.run_name
     assert {"summary.md", "summary.csv", "generations_table.json", "worker_log.txt"} <= {
         a.path for a in client.list_artifacts(run_id)
     }

@@ -35,9 +35,11 @@ def ensure_experiment(client: MlflowClient, name: str, artifact_root: str | None
 
 
 def run_name(config: JobConfig, varying: Mapping[str, str] | None = None) -> str:
-    """What tells runs apart first, so the UI's truncated column still does: `tiny_trained T=0 bs=8 · 12-03
-    05:52` for a single run; a sweep's job leads with the keys the sweep varies (`bs=4 T=0 · tiny_trained ·
-    12-03 05:52` when block size and temperature are swept), since the rest is the same for every job."""
+    """What tells runs apart first, so the UI's truncated column still does: `12-03 05:52 · tiny_trained T=0
+    bs=8` for a single run (runs of one experiment are mostly the same settings again: their time is what
+    differs; cut to a shared `tiny_trained T=0 · 1…` they could not be told apart); a sweep's job leads with
+    the keys the sweep varies (`bs=4 T=0 · tiny_trained · 12-03 05:52` when block size and temperature are
+    swept), since the rest is the same for every job."""
     fixed = {"model": config.model_name}
     if config.experiment_name == "ddtree_gdn":
         decode = config.worker_sections["decode"]
@@ -48,7 +50,7 @@ def run_name(config: JobConfig, varying: Mapping[str, str] | None = None) -> str
         fixed["experiment"] = config.experiment_name
     varying = dict(varying or {})
     if not varying:
-        return " ".join(fixed.values()) + f" · {time.strftime('%m-%d %H:%M')}"
+        return f"{time.strftime('%m-%d %H:%M')} · " + " ".join(fixed.values())
     first = [fixed.get(key) or f"{key.rsplit('.', 1)[-1]}={value}" for key, value in varying.items()]
     rest = [text for key, text in fixed.items() if key not in varying]
     return " · ".join([" ".join(first), *([" ".join(rest)] if rest else []), time.strftime("%m-%d %H:%M")])
