@@ -840,3 +840,15 @@ def test_list_all_at_80_columns_keeps_started_and_tells_the_kinds_of_run_apart()
     assert re.split(r"\s+", lines[0].strip()) == ["run", "model", "what", "started", "state", "quiet", "tau"]
     for kind in ("sweep #3", "decode", "node cost", "probe"):
         assert kind in terminal.text
+
+
+def test_a_count_of_work_in_the_thousands_is_shown_as_a_percent() -> None:
+    """Node-cost progress counts node-rounds (9216 of them): `3456/9216` says nothing and took the message's
+    room at 80 columns; it reads `37%`, while a count of prompts stays `17/40`."""
+    terminal = Terminal(width=80)
+    with LiveProgress(terminal.console, clock=lambda: 0.0) as live:
+        live.show(progress(0, "decode", 17, 40, "ddtree_tb16 · prompt 4/8 · tau 4.11"))
+        live.show(progress(1, "node costs", 3456, 9216, "65 nodes: verify 3.75 ms"))
+    lines = terminal.text.splitlines()
+    assert any(re.search(r" node costs +37% +65 nodes: verify 3\.75 ms ", line) for line in lines), lines
+    assert any(re.search(r" decode +17/40 +ddtree_tb16 · prompt 4/8 · tau 4\.11 ", line) for line in lines), lines

@@ -26,6 +26,7 @@ from orchestrator.stream.events import Event
 from orchestrator.tracking.status import STATUS_STYLE
 
 BAR_MIN, BAR_MAX = 10, 40
+PERCENT_FROM = 1000  # a total this large is shown as a percent
 BAR_LEAST = 4  # a bar narrower than this says nothing: its room goes to the description
 SEPARATOR = " · "  # between the figures of a worker's progress message
 _LABEL, _BAR, _DESCRIPTION = 1, 2, 4  # the columns of a progress line that give way when it is too long
@@ -59,6 +60,16 @@ def fit_message(text: str, width: int) -> str:
         parts.pop()
     kept = SEPARATOR.join(parts)
     return kept if cell_len(kept) <= width else set_cell_size(kept, max(width - 1, 0)) + "…" * (width > 0)
+
+
+class _CountColumn(MofNCompleteColumn):
+    """`12/40` where the count is a count of things (prompts, methods); a percent where the total is a
+    measure of work in the thousands (node-rounds), whose digits say nothing and took the message's room."""
+
+    def render(self, task: Task) -> Text:
+        if task.total is not None and task.total >= PERCENT_FROM:
+            return Text(f"{int(100 * task.completed // task.total)}%", style="progress.download")
+        return super().render(task)
 
 
 class _FittedProgress(Progress):
@@ -102,7 +113,7 @@ class LiveProgress:
             SpinnerColumn(),
             TextColumn("{task.fields[label]}", style="bold", markup=False),
             BarColumn(bar_width=None),
-            MofNCompleteColumn(),
+            _CountColumn(),
             TextColumn("{task.description}", markup=False),
             TimeElapsedColumn(),
             TextColumn("eta"),
