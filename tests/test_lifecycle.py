@@ -850,5 +850,5 @@ def test_a_count_of_work_in_the_thousands_is_shown_as_a_percent() -> None:
         live.show(progress(0, "decode", 17, 40, "ddtree_tb16 · prompt 4/8 · tau 4.11"))
         live.show(progress(1, "node costs", 3456, 9216, "65 nodes: verify 3.75 ms"))
     lines = terminal.text.splitlines()
-    assert any(re.search(r" node costs +37% +65 nodes: verify 3\.75 ms ", line) for line in lines), lines
-    assert any(re.search(r" decode +17/40 +ddtree_tb16 · prompt 4/8 · tau 4\.11 ", line) for line in lines), lines
+    assert any(re.search(r" node costs .* 37% +65 nodes: verify 3\.75 ms ", line) for line in lines), lines
+    assert any(re.search(r" decode .* 17/40 ddtree_tb16 · prompt 4/8 · tau 4\.11 ", line) for line in lines), lines
