@@ -33,7 +33,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from orchestrator.handover import write_whole
+from orchestrator.config.handover import write_whole
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLUSTER_FILE = "cluster.json"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.handover import read_whole, sh_write_whole, write_first, write_whole
+from orchestrator.config.handover import read_whole, sh_write_whole, write_first, write_whole
 from orchestrator.host import launch, leases
 from orchestrator.sweep import host_pool, job_errors, membership, slurm
 

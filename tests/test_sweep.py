@@ -224,7 +224,7 @@ def test_a_job_with_a_bad_config_is_a_failed_row_not_a_gap(mlflow_server: Mlflow
 
 
 def test_ctrl_c_stops_every_job_of_a_parallel_sweep(mlflow_server: MlflowServer, tmp_path: Path) -> None:
-    long_decode = ("experiment.num_prompts=3", "decode.max_new_tokens=2000", "decode.tree_budgets=[4]")
+    long_decode = ("experiment.num_prompts=3", "decode.max_new_tokens=1500", "decode.tree_budgets=[4]")
     args = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "seed=0,1,2", *long_decode]
     process = start_orchestrator(sweep_args(args, mlflow_server, tmp_path), tmp_path, own_group=True)
     try:
@@ -252,7 +252,7 @@ def test_ctrl_c_stops_every_job_of_a_parallel_sweep(mlflow_server: MlflowServer,
 
 def test_fail_fast_stops_the_running_jobs_and_skips_the_rest(mlflow_server: MlflowServer, tmp_path: Path) -> None:
     """Job 0 decodes for long; job 1 fails at once: job 0's worker is stopped, jobs 2 and 3 never start."""
-    long_decode = ("experiment.num_prompts=3", "decode.max_new_tokens=2000", "decode.tree_budgets=[4]")
+    long_decode = ("experiment.num_prompts=3", "decode.max_new_tokens=1500", "decode.tree_budgets=[4]")
     args = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "sweep.fail_fast=true"]
     args += ["seed=0,1", "model=tiny_hybrid", "model.source=config,pretrained", FAILING, *long_decode]
     result = run_sweep(args, mlflow_server, tmp_path)

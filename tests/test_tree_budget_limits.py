@@ -36,21 +36,23 @@ def test_the_issues_budget_stops_the_cli_before_anything_is_created(tmp_path: Pa
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stderr.strip().splitlines() == [
         "config error: decode.tree_budgets: budget 100000 needs 100001 positions for its tree beside "
-        "decode.max_new_tokens=64 and a prompt, more than model tiny_trained's context of 2048; the largest "
-        "budget that fits is 1982"
+        "decode.max_new_tokens=64 and the longest prompt ('heldout-zipimport-0', 160 tokens), more than model "
+        "tiny_trained's context of 2048; the largest budget that fits is 1823"
     ]
     assert not store.exists()
 
 
 def test_the_largest_budget_named_is_the_largest_that_passes() -> None:
-    """tiny_hybrid's inline config: 2048 positions = a prompt token + 2000 new tokens + 46 + 1 tree nodes."""
-    base = ["model=tiny_hybrid", "decode.max_new_tokens=2000"]
-    composed([*base, "decode.tree_budgets=[16,46]"])
-    assert refusal([*base, "decode.tree_budgets=[16,47]"]) == (
-        "decode.tree_budgets: budget 47 needs 48 positions for its tree beside decode.max_new_tokens=2000 and a "
-        "prompt, more than model tiny_hybrid's context of 2048; the largest budget that fits is 46"
+    """tiny_hybrid's inline config: 2048 positions = the longest default prompt (153 bytes: a model without a
+    tokenizer reads bytes) + 1800 new tokens + 94 + 1 tree nodes."""
+    base = ["model=tiny_hybrid", "decode.max_new_tokens=1800"]
+    composed([*base, "decode.tree_budgets=[16,94]"])
+    assert refusal([*base, "decode.tree_budgets=[16,95]"]) == (
+        "decode.tree_budgets: budget 95 needs 96 positions for its tree beside decode.max_new_tokens=1800 and the "
+        "longest prompt ('multi-turn', 153 tokens), more than model tiny_hybrid's context of 2048; the largest "
+        "budget that fits is 94"
     )
-    assert refusal(["model=tiny_hybrid", "decode.max_new_tokens=2046"]).endswith("; lower decode.max_new_tokens")
+    assert refusal(["model=tiny_hybrid", "decode.max_new_tokens=1900"]).endswith("; lower decode.max_new_tokens")
 
 
 def test_a_budget_a_draft_block_cannot_fill_is_refused() -> None:

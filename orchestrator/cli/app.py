@@ -29,7 +29,6 @@ from rich.console import Console
 from rich.markup import escape
 
 from orchestrator.cli.listing import find_run, list_runs, print_logs
-from orchestrator.config.location import located
 from orchestrator.config.redaction import redact_hydra_outputs, redact_text
 from orchestrator.config.settings import Command, JobConfig
 from orchestrator.config.validation import ConfigError, validate
@@ -67,6 +66,7 @@ from orchestrator.sweep.slurm import (
 from orchestrator.tracking import tags
 from orchestrator.tracking.client import TrackingUnavailable, open_tracking, outages_named
 from orchestrator.tracking.gitinfo import git_info
+from orchestrator.tracking.location import located
 from orchestrator.tracking.runs import attach_command, create_job_run, end_unstarted_job, run_url
 from orchestrator.tracking.status import CONFIG_ERROR_EXIT, Outcome, RunStatus, Stage
 
@@ -612,7 +612,7 @@ def _task_overrides() -> list[str]:
 
 def _host_overrides() -> frozenset[str]:
     """The `host.*` keys set on the command line (`host.workdir=...`), which a run's own record must not
-    silently replace (`config/location.py`)."""
+    silently replace (`tracking/location.py`)."""
     keys = (str(o).lstrip("+~").partition("=")[0] for o in _task_overrides())
     return frozenset(key for key in keys if key.startswith("host."))
 

@@ -149,7 +149,7 @@ class JobConfig:
     list_all: bool  # list: finished runs from MLflow too
     worker_sections: dict[str, Any]  # experiment, model, decode, probe: the spec's content
     resolved: dict[str, Any]  # the whole resolved config, for params and config.yaml (redacted there)
-    host_overrides: frozenset[str] = frozenset()  # the `host.*` keys the command line set (`config/location.py`)
+    host_overrides: frozenset[str] = frozenset()  # the `host.*` keys the command line set (`tracking/location.py`)
 
     @classmethod
     def from_resolved(cls, config: dict[str, Any]) -> JobConfig:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.handover import sh_write_whole
+from orchestrator.config.handover import sh_write_whole
 from orchestrator.host.leases import CLAIM_SCRATCH, RESERVED, TAKEN
 from orchestrator.host.transport import Transport
 from remote_worker.prompt_set import RUN_PROMPTS_FILE

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.handover import sh_write_whole
+from orchestrator.config.handover import sh_write_whole
 from orchestrator.host.transport import Transport
 
 RESERVED = "reserved"

@@ -8,7 +8,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from orchestrator.handover import read_whole, write_whole
+from orchestrator.config.handover import read_whole, write_whole
 
 
 class LocalFailure(Exception):

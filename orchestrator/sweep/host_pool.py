@@ -23,9 +23,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from orchestrator.config.handover import read_whole, write_whole
 from orchestrator.config.settings import JobConfig
 from orchestrator.config.validation import ConfigError, validate
-from orchestrator.handover import read_whole, write_whole
 from orchestrator.host.connect import transport_for
 from orchestrator.host.leases import Leases, ProbeFailed, probe_leases
 from orchestrator.host.transport import CONNECTION_ERRORS, ConnectFailed, HostKeyRefused, Transport

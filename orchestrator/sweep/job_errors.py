@@ -12,7 +12,7 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
-from orchestrator.handover import read_whole, write_whole
+from orchestrator.config.handover import read_whole, write_whole
 
 JOB_ERROR_FILE = "error.txt"
 

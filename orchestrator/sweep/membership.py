@@ -15,7 +15,7 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
-from orchestrator.handover import read_whole, write_first, write_whole
+from orchestrator.config.handover import read_whole, write_first, write_whole
 
 SWEEP_FILE = "sweep.json"
 CANCELLED_FILE = "cancelled"

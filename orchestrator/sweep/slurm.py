@@ -36,7 +36,7 @@ from enum import Enum
 from pathlib import Path
 from types import FrameType
 
-from orchestrator.handover import write_whole
+from orchestrator.config.handover import write_whole
 
 # Our own stop of the worker must fit in Slurm's KillWait (30 s by default, often less): SIGTERM, then SIGKILL.
 STOP_GRACE_S = 5.0

@@ -34,7 +34,7 @@ from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as PluginSlurmLauncher
 from omegaconf import OmegaConf
 
-from orchestrator.handover import write_whole
+from orchestrator.config.handover import write_whole
 from orchestrator.sweep.job_errors import record_runless
 from orchestrator.sweep.membership import cancel_reason
 from orchestrator.sweep.slurm import job_fields

@@ -13,11 +13,11 @@ from mlflow.entities import Param, RunTag
 from mlflow.tracking import MlflowClient
 from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH, MAX_PARAMS_TAGS_PER_BATCH
 
-from orchestrator.config.location import location_tags
 from orchestrator.config.redaction import overrides_tag, redact, redact_url, to_params
 from orchestrator.config.settings import JobConfig
 from orchestrator.tracking import tags
 from orchestrator.tracking.gitinfo import GitInfo
+from orchestrator.tracking.location import location_tags
 from orchestrator.tracking.status import NOT_STARTED, Outcome, RunStatus, Stage
 
 

@@ -12,7 +12,7 @@ EXPERIMENT_KIND = "mlflow.experimentKind"  # an experiment's: which of its views
 CLASSIC_EXPERIMENT = "custom_model_development"  # runs, metrics, charts (not GenAI's traces and evaluations)
 SOURCE_GIT_COMMIT = "mlflow.source.git.commit"
 
-# What the run is, and where it lives (`config/location.py`): attach, cancel and logs read these back.
+# What the run is, and where it lives (`tracking/location.py`): attach, cancel and logs read these back.
 HOST = "host"
 HOST_WORKDIR = "host.workdir"
 HOST_HOSTNAME = "host.hostname"
