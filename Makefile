@@ -76,6 +76,7 @@ lint: $(STAMP)
 
 ## ui: the MLflow UI on the local store, at http://127.0.0.1:5000
 ui: $(STAMP)
+	@echo "runs and charts: http://127.0.0.1:5000/#/experiments?workflowType=machine_learning (MLflow 3 opens its GenAI view otherwise)"
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlruns.db --host 127.0.0.1 --port 5000
 
 ## lock: re-pin every transitive dependency from the current .venv
