@@ -112,7 +112,7 @@ def test_probe_run_is_tracked_completely(mlflow_server: MlflowServer, job_paths:
     assert run.info.status == "FINISHED"
     experiment = client.get_experiment(run.info.experiment_id)
     assert experiment.name == "probe"
-    # MLflow 3 opens the experiment in its classic view (runs and charts), not the GenAI one (traces)
+    # the experiment says it is a model-development one (MLflow's own tag), not a GenAI app's
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     params, tags = run.data.params, run.data.tags
     assert params["model.name"] == "tiny_trained" and params["host.name"] == "local"

@@ -22,8 +22,9 @@ from orchestrator.tracking.status import NOT_STARTED, Outcome, RunStatus, Stage
 
 
 def ensure_experiment(client: MlflowClient, name: str, artifact_root: str | None) -> str:
-    """The experiment's id, created where missing. Its kind is set (where nothing set it) so that MLflow 3
-    opens it in its classic view of runs, metrics and charts, not its GenAI one (traces, evaluations)."""
+    """The experiment's id, created where missing. Its kind is set where nothing set it: a model-development
+    experiment (runs, metrics, charts), not a GenAI app's. MLflow 3.17's UI still opens its GenAI view unless
+    the address asks otherwise, which `run_url` does."""
     existing = client.get_experiment_by_name(name)
     if existing is not None:
         if tags.EXPERIMENT_KIND not in (getattr(existing, "tags", None) or {}):
