@@ -345,10 +345,8 @@ def stop(job: Job, reason: str, grace_s: float | None = None) -> Outcome:
                     ) from exc
                 with contextlib.suppress(*CONNECTION_ERRORS):
                     job.transport.reconnect()
-        if final.state in (
-            "running",
-            "waiting",
-        ):  # SIGKILL did not end its process group: the run is not over, and says what lives on
+        # SIGKILL did not end its process group: the run is not over, and the command says what lives on.
+        if final.state in ("running", "waiting"):
             raise HostLost(
                 f"{job.host_label}: the worker of {job.state.run_id[:8]} did not stop ({final.describe()}, pid "
                 f"{final.pid}); stop it with `{cancel_command(job.config, job.state.run_id)}`"
