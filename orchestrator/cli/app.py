@@ -22,6 +22,7 @@ from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
+from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
@@ -367,12 +368,7 @@ def logs_command(config: JobConfig, console: Console, transport_for: TransportFa
         console.print(f"[yellow]{exc}: looking for the run in {config.host.workdir}[/yellow]")
     else:
         run_id = find_run(client, config)
-        try:
-            with outages_named():
-                run = client.get_run(run_id)
-        except MlflowException as exc:
-            raise ConfigError(f"no MLflow run {run_id} at this tracking URI") from exc
-        config = located(config, run_id, run.data.tags)
+        config = located(config, run_id, _the_run(client, run_id).data.tags)
     transport = transport_for(config)
     try:
         transport.open()
@@ -463,14 +459,19 @@ class Attached:
     slurm_job: str | None = None  # the Slurm job that follows it (a sweep job of submitit_slurm)
 
 
+def _the_run(client: MlflowClient, run_id: str) -> Run:
+    """The MLflow run a command names; one that is not in this tracking store is a one-line ConfigError."""
+    try:
+        with outages_named():
+            return client.get_run(run_id)
+    except MlflowException as exc:
+        raise ConfigError(f"no MLflow run {run_id} at this tracking URI") from exc
+
+
 def attached_state(client: MlflowClient, store: StateStore, config: JobConfig) -> Attached:
     """Where the last orchestrator of this run stopped: its state file, else the run's own tags."""
     run_id = find_run(client, config)
-    try:
-        with outages_named():
-            run = client.get_run(run_id)
-    except MlflowException as exc:
-        raise ConfigError(f"no MLflow run {run_id} at this tracking URI") from exc
+    run = _the_run(client, run_id)
     if run.info.status != "RUNNING":
         raise ConfigError(f"run {run_id} has already ended ({run.info.status})")
     config = located(config, run_id, run.data.tags)

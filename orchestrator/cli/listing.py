@@ -252,8 +252,8 @@ def _clock(started: float | None) -> str:
     """`14:05` today, `12-04` before: what tells runs apart, in the width list=all has at 80 columns."""
     if not started:
         return ""
-    when = time.localtime(started)
-    today = time.localtime().tm_yday == when.tm_yday and time.localtime().tm_year == when.tm_year
+    when, now = time.localtime(started), time.localtime()
+    today = (when.tm_year, when.tm_yday) == (now.tm_year, now.tm_yday)
     return time.strftime("%H:%M" if today else "%m-%d", when)
 
 

@@ -16,13 +16,24 @@ import tempfile
 from pathlib import Path
 
 
-def write_whole(path: Path, text: str, mode: int = 0o644) -> None:
-    """Put `text` at `path` in one step: a reader sees the old content, none, or all of the new."""
+def _scratch(path: Path, text: str, mode: int) -> str:
+    """`text` in a new file of `path`'s folder (a name no reader looks for), with `mode`; its path."""
     fd, scratch = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.chmod(scratch, mode)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(scratch)
+        raise
+    return scratch
+
+
+def write_whole(path: Path, text: str, mode: int = 0o644) -> None:
+    """Put `text` at `path` in one step: a reader sees the old content, none, or all of the new."""
+    scratch = _scratch(path, text, mode)
+    try:
         os.replace(scratch, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -34,11 +45,8 @@ def write_first(path: Path, text: str, mode: int = 0o644) -> bool:
     """Put `text` at `path` unless something is there already (the first writer wins); True when this call
     wrote it. Whole as `write_whole`: the text goes to a file of its own, then is linked to `path` (`link`
     fails where the name exists, which `rename` would replace)."""
-    fd, scratch = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+    scratch = _scratch(path, text, mode)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(scratch, mode)
         os.link(scratch, path)
         return True
     except FileExistsError:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import remote_worker
+from orchestrator.config.checkpoints import local_checkpoint
 from orchestrator.config.prompts import resolve_prompts
 from remote_worker.prompt_set import DEFAULT_PROMPTS, Prompt, load_prompt_file
 
@@ -32,19 +32,6 @@ class PromptLength:
 
 class PromptTooShort(ValueError):
     """A prompt with fewer than MIN_PROMPT_TOKENS tokens under the run's model."""
-
-
-def _checkpoint(section: dict[str, Any], local: bool) -> Path | None:
-    """A pretrained checkpoint's folder this machine can read (as `validation._config_values` reads its
-    config), or None."""
-    if section.get("source") != "pretrained":
-        return None
-    path = Path(str(section.get("path") or ""))
-    if not path.is_absolute():
-        path = Path(remote_worker.__file__).parent / path
-    elif not local:
-        return None
-    return path if path.is_dir() else None
 
 
 def _prompt_file(experiment: dict[str, Any], checkpoint: Path | None) -> tuple[list[Prompt], str]:
@@ -64,7 +51,7 @@ def prompt_lengths(container: dict[str, Any], vocab: int | None) -> list[PromptL
     """Every prompt's token count under the run's model, or None where this machine cannot count them (the
     tokenizer is only on the host). Raises PromptTooShort for a prompt the decode cannot start from."""
     model, local = container["model"], container["host"]["kind"] == "local"
-    checkpoint = _checkpoint(model, local)
+    checkpoint = local_checkpoint(model, local)
     if model.get("source") != "config" and (checkpoint is None or not (checkpoint / "tokenizer_config.json").is_file()):
         return None
     if checkpoint is None and (vocab or 0) < 256:

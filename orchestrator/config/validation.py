@@ -16,7 +16,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-import remote_worker
+from orchestrator.config.checkpoints import local_checkpoint
 from orchestrator.config.prompt_lengths import PromptTooShort, prompt_lengths
 from orchestrator.config.prompts import resolve_prompts
 from orchestrator.config.settings import SYNC_METHODS, JobConfig
@@ -197,10 +197,8 @@ def _config_values(section: dict[str, Any], local: bool) -> dict[str, Any]:
     this machine). Empty when out of reach or unreadable: the worker reports a broken checkpoint."""
     if section.get("source") == "config":
         return dict(section.get("config") or {})
-    path = Path(str(section.get("path") or ""))
-    if not path.is_absolute():
-        path = Path(remote_worker.__file__).parent / path
-    elif not local:
+    path = local_checkpoint(section, local)
+    if path is None:
         return {}
     try:
         values = json.loads((path / "config.json").read_text(encoding="utf-8"))

@@ -37,11 +37,6 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list
     return lines
 
 
-def plain(text: str) -> str:
-    """A cell's text as a reader reads it (no-break spaces and joiners taken out): for tests and tools."""
-    return text.replace(JOINER, "").replace(NBSP, " ").strip()
-
-
 def plain_markdown(text: str) -> str:
     """A page's Markdown with the tables' padding and joins taken out (`|  job  |` → `| job |`)."""
     text = text.replace(JOINER, "").replace(f" {PAD}", " ").replace(f"{PAD} ", " ")
