@@ -22,7 +22,7 @@ from remote_worker.decoding.budget_curve import BudgetCurve
 from remote_worker.decoding.comparison import Comparison, Settings, methods_for, run_prompt
 from remote_worker.decoding.loop import prefill
 from remote_worker.decoding.node_cost import NodeCostSampler, context_tokens, node_cost_sizes
-from remote_worker.experiments.ddtree_gdn import budget_curve_record, predict_budget
+from remote_worker.experiments.budget_answer import budget_curve_record, predict_budget
 from remote_worker.models.loading import model_prompts
 from remote_worker.prompt_set import load_prompt_file
 from remote_worker.prompts import encode
@@ -48,18 +48,20 @@ def budget_figures(
     largest = max(BUDGETS)
     sampler = NodeCostSampler(target, drafter, node_cost_sizes(largest, largest + 1))
     comparison = Comparison(methods, settings.temperature, target.dtype)
-    curve = BudgetCurve(largest)
+    curves = {m.scope: BudgetCurve(m.budget) for m in methods if m.name == "ddtree"}
     for index, prompt in enumerate(ids):
         run = run_prompt(target, drafter, prompt, methods, settings, index)
         comparison.add(run)
-        curve.add(run.first(f"ddtree_tb{largest}").accepted_nodes)
+        for scope, curve in curves.items():
+            curve.add(run.first(scope).accepted_nodes)
         start = prefill(target, context_tokens(prompt, len(prompt) - 1 + max_new_tokens // 2), drafter)
         sampler.measure(start, COST_REPEATS, warmup=1)
     costs = sampler.costs()
     metrics = comparison.metrics()
     trees = [m for m in methods if m.name == "ddtree"]
-    record = budget_curve_record(methods, {f"ddtree_tb{largest}": curve}, metrics)  # as experiment=ddtree_gdn
-    prediction = predict_budget(methods, record, costs, metrics, compiled=False)
+    curve = curves[f"ddtree_tb{largest}"]
+    record = budget_curve_record(methods, curves, metrics)  # as experiment=ddtree_gdn
+    prediction = predict_budget(methods, curves, costs, metrics, compiled=False)
     if record is None or prediction is None:
         raise RuntimeError("the budget section needs DDTree decodes and a prediction (see the warning above)")
     return {

@@ -7,7 +7,7 @@ import os
 import traceback
 from pathlib import Path
 
-from remote_worker import stop_signal
+from remote_worker import host_load, stop_signal
 from remote_worker.events import EventLog
 from remote_worker.probes.environment import environment_tags, probe_environment
 from remote_worker.spec import SpecError, load_spec
@@ -49,7 +49,8 @@ def _run(spec_path: Path, run_dir: Path, log: EventLog) -> int:
             raise SpecError(
                 f"spec: experiment.name={spec.experiment_name!r} is not one of: {', '.join(sorted(EXPERIMENTS))}"
             )
-        summary = experiment(spec, log)
+        with host_load.sampling(log):
+            summary = experiment(spec, log)
         stop_signal.check()  # a stop swallowed on the way is still a stop, not a finished run
     except BaseException as exc:  # noqa: BLE001 - a stop or a failure, the log must say which
         signum = stop_signal.requested()

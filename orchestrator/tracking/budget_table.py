@@ -14,14 +14,18 @@ from typing import Any
 
 from orchestrator.tracking.markdown_table import markdown_table
 
-CSV_HEADER = ("budget", "tau_estimate", "tau_measured", "tau_error", "predicted_tokens_per_s", "tokens_per_s")
+CSV_HEADER = ("budget", "tau_estimate", "tau_measured", "tau_error", "predicted_tokens_per_s", "tokens_per_s",
+              "prediction_error", "tree_memory_mb", "peak_memory_mb")  # fmt: skip
 
 
 def _rows(document: dict[str, Any]) -> list[dict[str, float | int | None]]:
     curve = document["budget_curve"]
     prediction = document.get("prediction") or {}
     measured = {m["tree_budget"]: m for m in document.get("methods") or [] if m.get("method") == "ddtree"}
-    predicted = dict(zip(prediction.get("budgets") or [], prediction.get("tokens_per_s") or [], strict=True))
+    budgets = prediction.get("budgets") or []
+    predicted = dict(zip(budgets, prediction.get("tokens_per_s") or [], strict=True))
+    memory = dict(zip(budgets, prediction.get("tree_memory_mb") or [], strict=False))
+    errors = {c["budget"]: c["error"] for c in prediction.get("checks") or []}
     rows = []
     for budget, tau in enumerate(curve["tau"], start=1):
         real = measured.get(budget) or {}
@@ -32,6 +36,9 @@ def _rows(document: dict[str, Any]) -> list[dict[str, float | int | None]]:
             "tau_error": tau - real["tau"] if "tau" in real else None,
             "predicted_tokens_per_s": predicted.get(budget),
             "tokens_per_s": real.get("tokens_per_s"),
+            "prediction_error": errors.get(budget),
+            "tree_memory_mb": memory.get(budget),
+            "peak_memory_mb": real.get("peak_memory_mb"),
         })  # fmt: skip
     return rows
 
@@ -58,9 +65,26 @@ def budget_markdown(document: dict[str, Any]) -> list[str]:
                ("estimate − measured", "tau_error", "{:+.2f}")]  # fmt: skip
     if prediction:
         figures += [("tok/s, predicted", "predicted_tokens_per_s", "{:.0f}"),
-                    ("tok/s, measured", "tokens_per_s", "{:.0f}")]  # fmt: skip
+                    ("tok/s, measured", "tokens_per_s", "{:.0f}"),
+                    ("prediction error", "prediction_error", "{:+.0%}")]  # fmt: skip
+        lines[0] += "; " + _prediction_note(prediction)
+    if any(r["tree_memory_mb"] is not None for r in picked):
+        figures.append(("tree memory, counted MB", "tree_memory_mb", "{:.3g}"))
+    if any(r["peak_memory_mb"] is not None for r in picked):
+        figures.append(("peak memory, measured MB", "peak_memory_mb", "{:.0f}"))
     body = [[name, *(form.format(r[key]) if r[key] is not None else "" for r in picked)] for name, key, form in figures]
     return lines + markdown_table(["budget", *(str(r["budget"]) for r in picked)], body)
+
+
+def _prediction_note(prediction: dict[str, Any]) -> str:
+    """Where the predicted speeds come from and how they were checked, in one sentence."""
+    ar = next((c for c in prediction.get("checks") or [] if c["budget"] == 0), None)
+    kind = prediction.get("costs_kind", "eager")
+    text = f"tok/s predicted from the {kind} rounds' costs measured between the prompts"
+    if ar is not None:
+        text += (f"; AR {ar['measured_tokens_per_s']:.0f} tok/s measured, {ar['predicted_tokens_per_s']:.0f} predicted "
+                 f"({ar['error']:+.0%})")  # fmt: skip
+    return text + "; each decoded budget's prediction made without its own rounds"
 
 
 def budget_line(document: dict[str, Any]) -> str:

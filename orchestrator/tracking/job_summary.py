@@ -43,6 +43,7 @@ COLUMNS = (
     ("lossless", "lossless", "{:.2f}"),
     ("divergences (near tie / unexplained)", ("near_tie_divergences", "unexplained_divergences"), "{:.0f} / {:.0f}"),
     ("repetition", "repetition_share", "{:.2f}"),
+    ("peak MB", "peak_memory_mb", "{:.0f}"),
 )
 # What a cell shows where its method has only some of the column's figures: DDTree over DFlash on one prompt.
 SHORTER = {VS_DFLASH: ("speedup_vs_dflash", "×{:.2f}")}
@@ -71,7 +72,10 @@ CSV_KEYS = (
     "repetition_share",
     "tau_without_repetition",
     "rounds",
+    "prompts",
+    "peak_memory_mb",
 )
+MIN_PROMPTS = 5  # remote_worker.decoding.bootstrap.MIN_PROMPTS: the fewest prompts an interval rests on
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,9 @@ def summarize(document: dict[str, Any], title: str) -> JobSummary:
     lines += [f"**{title}**", ""]
     body = [[str(m.get("scope", "?")), *(cell(m, key, form) for _name, key, form in columns)] for m in methods]
     lines += markdown_table(["method", *(c[0] for c in columns)], body)
+    notes = [note for note in (_interval_note(methods), host_line(document), _memory_note(document)) if note]
+    if notes:
+        lines += ["", *(f"{note}  " for note in notes)]
     section = budget_markdown(document)
     if section:
         lines += ["", *section]
@@ -111,6 +118,41 @@ def summarize(document: dict[str, Any], title: str) -> JobSummary:
     for method in methods:
         writer.writerow([method.get("scope"), method.get("tree_budget"), *(method.get(k, "") for k in CSV_KEYS)])
     return JobSummary("\n".join(lines) + "\n", buffer.getvalue(), budget_csv(document))
+
+
+def _interval_note(methods: list[dict[str, Any]]) -> str:
+    """Why the table has no 95 % intervals, where the run had too few prompts for them."""
+    prompts = max((int(m.get("prompts", 0)) for m in methods), default=0)
+    if not 0 < prompts < MIN_PROMPTS or any(_has(m, SPEEDUP_CI) for m in methods):
+        return ""
+    return (f"No 95 % intervals: the figures rest on {prompts} prompt{'s' * (prompts != 1)}, too few for one "
+            f"(at least {MIN_PROMPTS}).")  # fmt: skip
+
+
+def host_line(document: dict[str, Any]) -> str:
+    """The host's load while the job decoded (`host_load` in decode_summary.json), beside its speeds: a busy
+    host makes every speed on the page read low, and the line says so first."""
+    load = document.get("host_load") or {}
+    if not load.get("samples"):
+        return ""
+    parts = []
+    if load.get("load_average_mean") is not None:
+        parts.append(f"load average {load['load_average_mean']:.2f} (max {load['load_average_max']:.2f}) on "
+                     f"{load.get('cpus', '?')} CPUs")  # fmt: skip
+    if load.get("other_processes_cpu_percentage_mean") is not None:
+        parts.append(f"other processes took {load['other_processes_cpu_percentage_mean']:.0f} % of the CPU time")
+    if load.get("gpu_utilization_percentage_mean") is not None:
+        parts.append(f"GPU 0 {load['gpu_utilization_percentage_mean']:.0f} % busy")
+    text = f"Host while decoding: {', '.join(parts)} ({load['samples']} samples; System metrics tab)."
+    if load.get("busy"):
+        share = load.get("busy_share", 25)
+        text = f"**Host busy**: other processes took more than {share:.0f} % of the CPU time: the speeds read low. {text}"
+    return text
+
+
+def _memory_note(document: dict[str, Any]) -> str:
+    measures = document.get("peak_memory_measures")
+    return f"peak MB: {measures}." if measures else ""
 
 
 def answer(methods: list[dict[str, Any]]) -> str:

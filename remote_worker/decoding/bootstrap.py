@@ -47,6 +47,12 @@ class Interval:
     high: float
 
 
+# The fewest prompts an interval rests on. A percentile bootstrap over n prompts draws from n^n resamples with
+# few distinct sums: at 2–4 prompts its "95 %" interval is a handful of values, far narrower than the truth
+# (two prompts give three distinct sums), so it is not printed as one; the figure says its prompt count.
+MIN_PROMPTS = 5
+
+
 @functools.lru_cache(maxsize=8)
 def _counts(prompts: int, resamples: int, seed: int) -> torch.Tensor:
     """(resamples, prompts), float64: how many times each prompt is drawn in each resample."""
@@ -109,8 +115,9 @@ def bootstrap(
 def tau_interval(
     committed: Sequence[float], rounds: Sequence[float], resamples: int = RESAMPLES, seed: int = SEED
 ) -> Interval | None:
-    """Tau's interval: per prompt, the tokens committed over its rounds (bonus included) and its rounds."""
-    if len(committed) < 2:
+    """Tau's interval: per prompt, the tokens committed over its rounds (bonus included) and its rounds. None
+    with fewer than MIN_PROMPTS prompts."""
+    if len(committed) < MIN_PROMPTS:
         return None
     per_prompt = torch.tensor([committed, rounds], dtype=torch.float64).T  # (prompts, 2)
     return bootstrap(per_prompt, lambda sums: ratio(sums[:, 0], sums[:, 1]), resamples, seed=seed)
@@ -126,8 +133,8 @@ def speedup_interval(
 ) -> Interval | None:
     """A method's speedup over a base (AR; DFlash for DDTree), paired: both on the same drawn prompts. Each
     argument holds, per prompt, one entry per repeat (generated tokens, decode seconds); both methods
-    decoded the same prompts the same number of times."""
-    if len(tokens) < 2:
+    decoded the same prompts the same number of times. None with fewer than MIN_PROMPTS prompts."""
+    if len(tokens) < MIN_PROMPTS:
         return None
     columns = [torch.tensor(c, dtype=torch.float64) for c in (tokens, seconds, base_tokens, base_seconds)]
     if len({c.shape for c in columns}) != 1 or columns[0].dim() != 2:

@@ -1,24 +1,48 @@
-"""The budget this host should use: tokens/s predicted at every budget from one run's tau curve
-(`budget_curve`) and the host's measured round costs (`node_cost`).
+"""The budget this host should use: tokens/s predicted at every budget from the run's tau curves
+(`budget_curve`) and the host's measured round costs, checked against the budgets the run decoded.
 
-    predicted tokens/s(b) = tau(b) / (draft + tree(b + 1) + verify(b + 1) + commit)
+    predicted tokens/s(b) = tau(b) / round(b)        predicted AR = 1 / round_AR
 
-with each stage's median cost interpolated between the tree sizes measured (`NodeCosts.round_ms`). The
-predicted speedup divides that by AR's measured tokens/s, the reference every measured `speedup_vs_ar` of
-the run divides by, so the two read alike. AR's round as the same model predicts it (verify(1) +
-commit(1), one token, no draft) is in the record too: it leaves out what the stages do (the walk, the
-loop's own Python), which weighs most on AR's one-token rounds (on the trained tiny pair it read 7 % faster
-than AR measured, while the DDTree budgets' predictions fell within −15 … +2 % of their measurements).
-The prediction at each budget the run decoded is in the record beside the measurement, so a reader sees
-how far to trust the curve.
+`round` comes from one set of costs measured at the same moments (slices between the prompts): the eager
+round's five terms (`node_cost`: draft, tree, verify, commit and the loop's own work) or, when the run
+decoded compiled rounds, the compiled rounds timed whole (`round_times`). The predicted speedup divides the
+predicted DDTree speed by AR's speed predicted from the same costs, so that whatever slowed the host while
+they were measured scales both; AR's measured speed is kept beside it as a measurement. tau(b) is
+`budget_curve.nearest_tau`: from the rounds of the smallest decoded budget at or above b.
+
+**The check.** At every budget the run decoded, the prediction made without that decode's rounds
+(`held_out_tau`) is set against the measured tokens/s, and AR's predicted speed against AR's measured:
+`error_median` and `error_worst` (relative), over AR and the decoded budgets, since a speedup's error is
+theirs together. The
+answer is withheld, and the line says why, where the prediction contradicts itself or the run:
+
+- its costs describe other rounds than the run decoded (eager costs, compiled decodes);
+- by its own costs no budget is faster than AR;
+- the run measured every drafting method slower than AR, and the costs say otherwise;
+- its worst error at the decoded budgets is larger than the lead that picks the best budget (over the best
+  of the decoded budgets, the answer the run already has).
+
+A best budget is chosen among the budgets whose tree fits the device's free memory (`tree_memory`'s count).
 """
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from remote_worker.decoding.node_cost import NodeCosts
+
+class RoundCosts(Protocol):
+    """What a prediction reads of measured costs (`NodeCosts`, `RoundTimes`)."""
+
+    kind: str  # "eager" or "compiled": the rounds they describe
+
+    @property
+    def largest_budget(self) -> int: ...
+
+    def round_ms(self, budget: int) -> float: ...
+
+    def ar_round_ms(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -31,66 +55,185 @@ class Measured:
 
 
 @dataclass(frozen=True)
+class Check:
+    """The prediction at a decoded budget, made without that decode's rounds, against its measured speed."""
+
+    budget: int
+    predicted_tokens_per_s: float
+    measured_tokens_per_s: float
+
+    @property
+    def error(self) -> float:
+        """Relative: predicted / measured − 1."""
+        return self.predicted_tokens_per_s / self.measured_tokens_per_s - 1
+
+
+@dataclass(frozen=True)
 class Prediction:
-    budgets: list[int]  # 1 … the largest budget both the tau curve and the node costs cover
+    budgets: list[int]  # 1 … the largest budget both the tau curves and the costs cover
+    tau: list[float]  # per budget: `nearest_tau`
     tokens_per_s: list[float]  # predicted, per budget
-    ar_tokens_per_s: float  # AR measured: what the predicted speedups divide by
-    ar_predicted_tokens_per_s: float  # AR as the same costs predict it (verify + commit of one node)
-    best_budget: int
+    ar_predicted_tokens_per_s: float  # AR from the same costs: what the predicted speedups divide by
+    ar_tokens_per_s: float  # AR measured, beside it
+    best_budget: int  # the fastest predicted among the budgets that fit (`fits_up_to`)
     best_tokens_per_s: float
-    best_speedup_vs_ar: float
+    best_speedup_vs_ar: float  # predicted over predicted AR
     measured: list[Measured]  # the run's DDTree decodes, by budget
-    predicted_at_measured: list[float]  # the prediction at each measured budget
-    compiled: bool  # the run decoded with compiled rounds, which the (eager) stage costs do not describe
+    checks: list[Check]  # by budget: AR's (budget 0), then one per decoded budget the costs cover
+    costs_kind: str  # "eager" or "compiled": the rounds the costs were measured on
+    run_kind: str  # the rounds the run decoded
+    tree_memory_mb: list[float]  # per budget: the tree's memory by `tree_memory`'s count (a lower bound)
+    fits_up_to: int  # the largest budget whose tree fits the free memory (the largest covered when unknown)
+    cannot_tell: str  # why the answer is withheld; empty when it is given
+
+    @property
+    def told(self) -> bool:
+        return not self.cannot_tell
 
     @property
     def at_edge(self) -> bool:
         """The best budget is the largest covered: a larger budget, unmeasured, may be faster still."""
         return self.best_budget == self.budgets[-1]
 
+    @property
+    def error_median(self) -> float:
+        """The median relative error over the decoded budgets, in absolute value."""
+        return statistics.median(abs(c.error) for c in self.checks)
+
+    @property
+    def error_worst(self) -> float:
+        return max(abs(c.error) for c in self.checks)
+
     def best_measured(self) -> Measured | None:
         return max(self.measured, key=lambda m: m.speedup_vs_ar, default=None)
 
+    def metrics(self) -> dict[str, float]:
+        """`best.predicted_*` where the answer is given (they lead the job's page beside `best.*`), and the
+        check's `budget.prediction_error` (median) and `budget.prediction_error_worst` always."""
+        figures = {}
+        if self.told:
+            figures = {
+                "best.predicted_budget": float(self.best_budget),
+                "best.predicted_speedup_vs_ar": self.best_speedup_vs_ar,
+                "best.predicted_tokens_per_s": self.best_tokens_per_s,
+            }
+        return {**figures, "budget.prediction_error": self.error_median,
+                "budget.prediction_error_worst": self.error_worst}  # fmt: skip
+
     def as_record(self) -> dict[str, Any]:
         """For `decode_summary.json`: the figures, and the terminal's line, which the job's page repeats."""
-        return {**asdict(self), "at_edge": self.at_edge, "line": self.line()}
+        record = asdict(self)
+        record["checks"] = [{**asdict(c), "error": c.error} for c in self.checks]
+        return {**record, "at_edge": self.at_edge, "error_median": self.error_median,
+                "error_worst": self.error_worst, "line": self.line()}  # fmt: skip
+
+    def _error_text(self) -> str:
+        return f"±{100 * self.error_worst:.0f} % at {_decoded(self.checks)}"
 
     def line(self) -> str:
-        """The terminal's line: `on this host, budget 48 is predicted fastest: ×3.9 vs AR (measured at 32:
-        ×3.7)`, and why it may be more where the best is the largest budget the run covers."""
-        text = f"on this host, budget {self.best_budget} is predicted fastest: ×{self.best_speedup_vs_ar:.2f} vs AR"
+        """The terminal's line: `on this host, budget 15 is predicted fastest: ×1.21 vs AR (±4 % at the 3
+        budgets decoded; measured at 16: ×1.17)`, or why the run cannot tell."""
         best = self.best_measured()
-        if best is not None:
-            text += f" (measured at {best.budget}: ×{best.speedup_vs_ar:.2f})"
+        measured = f"measured at {best.budget}: ×{best.speedup_vs_ar:.2f}" if best is not None else ""
+        if not self.told:
+            return f"the fastest budget cannot be told on this host: {self.cannot_tell}" + (
+                f" ({measured})" if measured else ""
+            )
+        text = (
+            f"on this host, budget {self.best_budget} is predicted fastest: ×{self.best_speedup_vs_ar:.2f} vs AR "
+            f"({self._error_text()}{'; ' + measured if measured else ''})"
+        )
         if self.at_edge:
             text += f"; {self.best_budget} is the largest budget this run can tell, a larger one may be faster"
-        if self.compiled:
-            text += "; costs of eager rounds, this run decoded compiled ones"
+        if self.fits_up_to < self.budgets[-1]:
+            text += f"; budgets above {self.fits_up_to} do not fit the free memory"
         return text
 
 
+def _decoded(checks: list[Check]) -> str:
+    """`AR and the 3 budgets decoded`: what the error was taken over."""
+    count = sum(1 for c in checks if c.budget)
+    return f"AR and the {count} budget{'s' * (count != 1)} decoded"
+
+
+def _cannot_tell(
+    speeds: dict[int, float], best: int, ar: float, checks: list[Check], costs_kind: str, run_kind: str,
+    drafting_slower: bool,
+) -> str:  # fmt: skip
+    """Why the prediction cannot answer (the module's list, in that order); empty when it can."""
+    if costs_kind != run_kind:
+        return f"its costs are of {costs_kind} rounds, and this run decoded {run_kind} ones"
+    speedup = speeds[best] / ar
+    if speedup < 1:
+        return f"by its own costs no budget is faster than AR (the fastest, budget {best}, ×{speedup:.2f})"
+    if drafting_slower:
+        return (
+            f"the run measured every drafting method slower than AR, and its costs predict budget {best} at "
+            f"×{speedup:.2f}: they disagree"
+        )
+    rivals = [c.budget for c in checks if c.budget not in (0, best)]
+    worst = max(abs(c.error) for c in checks)
+    if rivals:
+        rival = max(rivals, key=lambda b: speeds[b])
+        lead = speeds[best] / speeds[rival] - 1
+        if worst > lead:
+            return (
+                f"budget {best} leads budget {rival} (decoded) by {100 * lead:.1f} %, less than the prediction's "
+                f"error (±{100 * worst:.0f} % at {_decoded(checks)})"
+            )
+    return ""
+
+
 def predict(
-    tau: list[float], costs: NodeCosts, ar_tokens_per_s: float, measured: list[Measured], compiled: bool = False
+    tau: list[float],
+    held_out: dict[int, float],
+    costs: RoundCosts,
+    ar_tokens_per_s: float,
+    measured: list[Measured],
+    *,
+    run_kind: str = "eager",
+    drafting_slower: bool = False,
+    tree_memory_mb: list[float] | None = None,
+    free_mb: float | None = None,
 ) -> Prediction:
-    """tau: tau(b) for b = 1 … len(tau) (`BudgetCurve.tau`); ar_tokens_per_s: AR's measured speed."""
+    """tau: tau(b) for b = 1 … len(tau) (`nearest_tau`); held_out: decoded budget → its `held_out_tau`;
+    ar_tokens_per_s: AR's measured speed; tree_memory_mb: the tree's count per budget, which `free_mb` must
+    hold (either may be None: nothing known)."""
     if ar_tokens_per_s <= 0:
         raise ValueError(f"AR's measured speed must be positive, not {ar_tokens_per_s}")
     largest = min(len(tau), costs.largest_budget)
     if largest < 1:
-        raise ValueError("no budget is covered by both the tau curve and the node costs")
+        raise ValueError("no budget is covered by both the tau curve and the costs")
     budgets = list(range(1, largest + 1))
-    speeds = [1000 * tau[b - 1] / costs.round_ms(b) for b in budgets]
-    best = max(budgets, key=lambda b: (speeds[b - 1], -b))  # the smallest of equally fast budgets
+    speeds = {b: 1000 * tau[b - 1] / costs.round_ms(b) for b in budgets}
+    memory = list(tree_memory_mb or [])[:largest]
+    fits = largest
+    if free_mb is not None and memory:
+        fitting = [b for b in budgets if memory[b - 1] <= free_mb]
+        if not fitting:
+            raise ValueError(f"no budget's tree fits the {free_mb:.0f} MB free")
+        fits = fitting[-1]
+    best = max(budgets[:fits], key=lambda b: (speeds[b], -b))  # the smallest of equally fast budgets
     inside = [m for m in sorted(measured, key=lambda m: m.budget) if m.budget <= largest]
+    if not inside:
+        raise ValueError("no decoded budget is within the costs measured: nothing to check the prediction with")
+    ar = 1000 / costs.ar_round_ms()
+    checks = [Check(0, ar, ar_tokens_per_s)]
+    checks += [Check(m.budget, 1000 * held_out[m.budget] / costs.round_ms(m.budget), m.tokens_per_s) for m in inside]
     return Prediction(
         budgets=budgets,
-        tokens_per_s=speeds,
+        tau=tau[:largest],
+        tokens_per_s=[speeds[b] for b in budgets],
+        ar_predicted_tokens_per_s=ar,
         ar_tokens_per_s=ar_tokens_per_s,
-        ar_predicted_tokens_per_s=1000 / (costs.round_ms(0) - costs.draft.median_ms),
         best_budget=best,
-        best_tokens_per_s=speeds[best - 1],
-        best_speedup_vs_ar=speeds[best - 1] / ar_tokens_per_s,
+        best_tokens_per_s=speeds[best],
+        best_speedup_vs_ar=speeds[best] / ar,
         measured=inside,
-        predicted_at_measured=[speeds[m.budget - 1] for m in inside],
-        compiled=compiled,
+        checks=checks,
+        costs_kind=costs.kind,
+        run_kind=run_kind,
+        tree_memory_mb=memory,
+        fits_up_to=fits,
+        cannot_tell=_cannot_tell(speeds, best, ar, checks, costs.kind, run_kind, drafting_slower),
     )

@@ -104,3 +104,20 @@ def curve_record(scope: str, curve: BudgetCurve, checks: list[Check]) -> dict[st
             {"budget": c.budget, "estimate": c.estimate, "measured": c.measured, "error": c.error} for c in checks
         ],
     }
+
+
+def nearest_tau(curves: dict[int, BudgetCurve]) -> list[float]:
+    """tau(b) for b = 1 … the largest budget decoded, each from the rounds of the smallest decoded budget at or
+    above b (`curves`: decoded budget → its rounds): the rounds nearest b, whose start positions are most like
+    a budget-b decode's (an estimate from a much larger budget reads high, the module says why)."""
+    if not curves:
+        raise ValueError("no DDTree decode to estimate tau from")
+    decoded = sorted(curves)
+    return [curves[next(d for d in decoded if d >= b)].at(b) for b in range(1, decoded[-1] + 1)]
+
+
+def held_out_tau(curves: dict[int, BudgetCurve], budget: int) -> float:
+    """tau at a decoded `budget` as `nearest_tau` would estimate it had that budget not been decoded: from the
+    next larger decoded budget's rounds. The largest budget has none larger: its own rounds, its measured tau."""
+    larger = [d for d in sorted(curves) if d > budget]
+    return curves[larger[0] if larger else budget].at(budget)

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from remote_worker.decoding import bootstrap
+from remote_worker.decoding import bootstrap, peak_memory
 from remote_worker.decoding.divergence import Divergence, first_divergence
 from remote_worker.decoding.fixed_prefill import FixedPrefill
 from remote_worker.decoding.fixed_round import FixedRound
@@ -102,6 +102,7 @@ def run_prompt(
         for method in methods:
             if before_decode is not None:
                 before_decode(method, repeat)
+            peak_memory.reset(target.device)
             result = decode_from(
                 target,
                 start,
@@ -115,6 +116,7 @@ def run_prompt(
                 record_margins=method.name == "ar" and settings.temperature == 0,
                 rounds=(rounds or {}).get(method.scope),
             )
+            result.peak_memory_bytes = peak_memory.peak_bytes(target.device)
             results[method.scope].append(result)
     return PromptRun(index, tokens.tolist(), start.target_seconds, start.draft_seconds, results)
 
@@ -170,6 +172,7 @@ class MethodTally:
     repetitive_rounds: int = 0
     fresh_round_tokens: list[int] = field(default_factory=list)  # tokens per round of the other rounds
     fixed: bool = False  # decoded with fixed-shape rounds (whose trees may be flagged inexact)
+    peak_memory_bytes: int | None = None  # the highest of its decodes' peaks (`peak_memory`)
     inexact_trees: int = 0
     # Per prompt, for the bootstrap over prompts: committed tokens (bonus included) and rounds of repeat 0,
     # and per repeat the generated tokens and decode seconds (sums over prompts: repeat_tokens, repeat_seconds)
@@ -188,6 +191,8 @@ class MethodTally:
             self.repeat_tokens[repeat] += len(result.tokens)
             self.repeat_seconds[repeat] += result.decode_seconds
             self.ttft_seconds.append(prefill_seconds + result.first_token_seconds)
+            if result.peak_memory_bytes is not None:
+                self.peak_memory_bytes = max(self.peak_memory_bytes or 0, result.peak_memory_bytes)
             if result.stage_seconds:
                 self.timed_rounds += result.rounds
             for stage, seconds in result.stage_seconds.items():
@@ -224,8 +229,8 @@ class MethodTally:
 
     def intervals(self, ar: MethodTally, dflash: MethodTally | None) -> dict[str, float]:
         """`tau_ci_*` and `speedup_vs_ar_ci_*` of a drafting method, and DDTree's `speedup_vs_dflash` with its
-        interval when DFlash ran. None of them with fewer than two prompts: one prompt has no spread to
-        resample, and a zero-width interval would claim a certainty the run does not have. AR has none: its
+        interval when DFlash ran. None of them with fewer than `bootstrap.MIN_PROMPTS` prompts: so few have too
+        little spread to resample, and a narrow interval would claim a certainty the run does not have. AR has none: its
         tau and its speedup are 1 by definition."""
         figures: dict[str, float] = {}
         if not self.method.drafts:
@@ -272,7 +277,10 @@ class MethodTally:
             "tau_without_repetition": sum(self.fresh_round_tokens) / max(len(self.fresh_round_tokens), 1),
             "generated_tokens": float(self.repeat_tokens[0] if self.repeat_tokens else 0),
             "repeats": float(len(self.repeat_tokens)),
+            "prompts": float(self.prompts),
         }
+        if self.peak_memory_bytes is not None:
+            metrics["peak_memory_mb"] = self.peak_memory_bytes / (1 << 20)
         if self.fixed:  # trees whose scores rounded, so that they may differ from the host heap's at a tie
             metrics["inexact_trees"] = float(self.inexact_trees)
         if exactness:

@@ -52,6 +52,7 @@ class DecodeResult:
     # the host heap's tree at an exact tie (the tokens are the target's all the same).
     inexact_trees: int = 0
     fixed: bool = False  # decoded with fixed-shape rounds
+    peak_memory_bytes: int | None = None  # the decode's peak (`peak_memory`), where the caller measured it
 
     @property
     def rounds(self) -> int:

@@ -29,8 +29,9 @@ inputs in the CPU's caches, where in a decode the other stages have just evicted
 pair the isolated figures were 10–40 % below the decode's own per-stage times; timed in rounds they come
 within about 10 % of them (the verify of a mid-size tree the furthest). A `NodeCostSampler` gathers rounds
 from several states (the decode experiment measures a slice after some of its prompts) into one figure.
-What the round does outside the four stages (walking the tree for the accepted path, emitting tokens, the
-loop's own Python) is in no stage and so not in `round_ms`.
+What the round does outside the four stages (walking the tree for the accepted path, emitting its tokens, the
+stop checks, the loop's own Python) is the fifth term, `other`: each timed round is also timed whole, and
+`other` is the whole less its four stages. It weighs most on AR's one-node rounds, which are short.
 
 Nothing of the caller's prefill is changed: the measurement runs on a fork of it (`Prefill.fork`). A tree
 size the draft cannot fill (a toy vocabulary, a block of few positions: `tree_limits.distinct_nodes`) is not
@@ -49,14 +50,16 @@ from typing import Any
 
 import torch
 
+from remote_worker.decoding.emission import emit_round
 from remote_worker.decoding.fixed_round import choose
-from remote_worker.decoding.loop import Prefill, prefill
+from remote_worker.decoding.loop import DecodeResult, Prefill, prefill, walk
 from remote_worker.decoding.tree_build import DraftTree, best_first_tree
 from remote_worker.decoding.tree_limits import distinct_nodes
 from remote_worker.models.target import TargetModel
 
 # How `StageCost.low_ms` and `high_ms` are taken from the timed calls, in the record.
 SPREAD = "min-max"
+STAGES = ("draft", "tree", "verify", "commit", "other")  # what a timed round records (see the module)
 WARMUP = 2  # untimed calls before a stage's timed ones, per tree size
 
 Progress = Callable[[int, int, str], None]  # (done, total, what was just measured): node-rounds timed
@@ -65,22 +68,35 @@ PROGRESS_EVERY_S = 5.0  # the longest a measurement goes without a progress call
 
 @dataclass(frozen=True)
 class StageCost:
-    """One stage at one tree size, over `repeats` timed calls after the warm-up: the median call, and the
-    fastest (`low_ms`) and slowest (`high_ms`) call, in milliseconds."""
+    """One stage at one tree size, over `repeats` timed calls after the warm-up: the median call, the fastest
+    (`low_ms`) and slowest (`high_ms`) call, and their mean, in milliseconds (the mean is the median where a
+    record predates it).
+
+    A round's cost (`NodeCosts.round_ms`) adds the means: a decode's tokens/s is its tokens over its total
+    time, a ratio of sums, and the sum of calls is their count times their mean. On a host whose other
+    processes stall a call now and then (a 2-core machine, torch's threads on both) the median leaves the
+    stalls out, and predicted speeds from it ran 5–20 % above the decodes they predicted."""
 
     median_ms: float
     low_ms: float
     high_ms: float
+    mean_ms: float | None = None
+
+    @property
+    def average_ms(self) -> float:
+        return self.median_ms if self.mean_ms is None else self.mean_ms
 
     @classmethod
     def of(cls, samples_ms: Sequence[float]) -> StageCost:
         if not samples_ms:
             raise ValueError("a stage cost needs at least one timed call")
-        return cls(statistics.median(samples_ms), min(samples_ms), max(samples_ms))
+        return cls(statistics.median(samples_ms), min(samples_ms), max(samples_ms), statistics.fmean(samples_ms))
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> StageCost:
-        return cls(float(record["median_ms"]), float(record["low_ms"]), float(record["high_ms"]))
+        mean = record.get("mean_ms")
+        return cls(float(record["median_ms"]), float(record["low_ms"]), float(record["high_ms"]),
+                   float(mean) if mean is not None else None)  # fmt: skip
 
 
 def _check_sizes(sizes: list[int]) -> list[int]:
@@ -89,14 +105,14 @@ def _check_sizes(sizes: list[int]) -> list[int]:
     return sizes
 
 
-def _interpolate(sizes: Sequence[int], costs: Sequence[StageCost], nodes: int) -> float:
-    """The median cost at `nodes` (within the sizes), linear between the two measured sizes around it."""
+def interpolate(sizes: Sequence[int], costs: Sequence[StageCost], nodes: int) -> float:
+    """The mean cost at `nodes` (within the sizes), linear between the two measured sizes around it."""
     right = bisect.bisect_left(sizes, nodes)
     if sizes[right] == nodes:
-        return costs[right].median_ms
+        return costs[right].average_ms
     left = right - 1
     share = (nodes - sizes[left]) / (sizes[right] - sizes[left])
-    return costs[left].median_ms + share * (costs[right].median_ms - costs[left].median_ms)
+    return costs[left].average_ms + share * (costs[right].average_ms - costs[left].average_ms)
 
 
 @dataclass(frozen=True)
@@ -115,6 +131,7 @@ class NodeCosts:
     tree: list[StageCost]  # per size: best_first_tree with budget size - 1 (size 1: no tree, ~0)
     verify: list[StageCost]  # per size: target.verify of a tree of that many nodes, the choice, to the host
     commit: list[StageCost]  # per size: commit of the tree's rank-0 chain (`commit_depths` drafted tokens)
+    other: list[StageCost] = field(default_factory=list)  # per size: the round's wall time less its four stages
     block_size: int = 0  # the drafter's block
     accepted: int = 0  # drafted tokens accepted in the round whose extend the draft stage times
     commit_depths: list[int] = field(default_factory=list)  # per size: drafted tokens on the committed path
@@ -124,7 +141,7 @@ class NodeCosts:
 
     def __post_init__(self) -> None:
         _check_sizes(self.sizes)
-        for name in ("tree", "verify", "commit"):
+        for name in ("tree", "verify", "commit", *(("other",) if self.other else ())):
             if len(getattr(self, name)) != len(self.sizes):
                 raise ValueError(f"{name} has {len(getattr(self, name))} costs for {len(self.sizes)} sizes")
         if self.commit_depths and len(self.commit_depths) != len(self.sizes):
@@ -135,18 +152,24 @@ class NodeCosts:
         """The largest budget `round_ms` answers for: the largest tree measured, less its root."""
         return self.sizes[-1] - 1
 
+    kind = "eager"  # what rounds the costs describe (`budget_choice` checks it against the run's)
+
     def round_ms(self, budget: int) -> float:
-        """The median round of DDTree budget `budget`: draft + tree(budget + 1) + verify(budget + 1) + commit,
-        each term linear in nodes between the sizes measured around budget + 1, commit taken at the same
-        size. Budget 0 is AR's round of one node (with the draft's cost: call `round_ms(0) - draft` for AR)."""
+        """The mean round of DDTree budget `budget`: draft + tree(budget + 1) + verify(budget + 1) + commit
+        + other, each term linear in nodes between the sizes measured around budget + 1, commit taken at the
+        same size. Budget 0 is a round of one node with a draft: `ar_round_ms` is AR's."""
         nodes = budget + 1
         if nodes < self.sizes[0] or nodes > self.sizes[-1]:
             raise ValueError(
                 f"budget {budget} is a tree of {nodes} nodes, outside the sizes measured "
                 f"({self.sizes[0]}–{self.sizes[-1]} nodes, budgets {self.sizes[0] - 1}–{self.largest_budget})"
             )
-        stages = (self.tree, self.verify, self.commit)
-        return self.draft.median_ms + sum(_interpolate(self.sizes, costs, nodes) for costs in stages)
+        stages = (self.tree, self.verify, self.commit, *((self.other,) if self.other else ()))
+        return self.draft.average_ms + sum(interpolate(self.sizes, costs, nodes) for costs in stages)
+
+    def ar_round_ms(self) -> float:
+        """AR's round: the one-node round without a draft (its tree is the root alone, built for nothing)."""
+        return self.round_ms(0) - self.draft.average_ms
 
     def as_record(self) -> dict[str, Any]:
         """JSON-able (for node_costs.json and decode_summary.json); `from_record` reads it back."""
@@ -168,6 +191,7 @@ class NodeCosts:
             tree=costs("tree"),
             verify=costs("verify"),
             commit=costs("commit"),
+            other=costs("other") if record.get("other") else [],
             block_size=int(record.get("block_size", 0)),
             accepted=int(record.get("accepted", 0)),
             commit_depths=[int(d) for d in record.get("commit_depths", [])],
@@ -191,6 +215,7 @@ def metric_steps(costs: NodeCosts, prefix: str = "node_cost") -> list[tuple[int,
         metrics = {
             **stage("verify", costs.verify[index]),
             **stage("tree", costs.tree[index]),
+            **(stage("other", costs.other[index]) if costs.other else {}),
             **stage("commit", costs.commit[index]),
             f"{prefix}.round_ms": costs.round_ms(size - 1),
         }
@@ -238,7 +263,8 @@ def _round(
     """One round from copies of the measured state (copied untimed), each stage timed in place as
     `loop.decode_from` times it (the device synchronised around it), in milliseconds: the draft (propose, and
     the extend with the committed path's features), the tree of `nodes` nodes, its verify with the target's
-    choice read to the host, and the commit of `path`."""
+    choice read to the host, and the commit of `path`; between them the loop's own work (the walk for the
+    accepted path, the emitted tokens and their stop checks), and the round timed whole, whence `other`."""
     device = target.device
     cache, context = cache.clone(), context.clone()
     feature_layers = drafter.feature_layers
@@ -252,20 +278,30 @@ def _round(
         timings[stage] = timings.get(stage, 0.0) + 1000 * (time.perf_counter() - started)
         return value
 
+    def verify() -> tuple[Any, torch.Tensor, list[int]]:
+        output = target.verify(cache, draft.tree, feature_layers)
+        chosen = choose(output.logits, 0.0, None)
+        return output, chosen, chosen.tolist()
+
+    _sync(device)
+    started = time.perf_counter()
     root_on_device = torch.tensor(root, device=device)
     logits = timed("draft", lambda: drafter.propose(context, target.embed(root_on_device), mask_embedding, target.head))
     draft = timed("tree", lambda: best_first_tree(root, logits, nodes - 1))
-
-    def verify() -> Any:
-        output = target.verify(cache, draft.tree, feature_layers)
-        choose(output.logits, 0.0, None).tolist()
-        return output
-
-    output = timed("verify", verify)
+    output, chosen, targets = timed("verify", verify)
+    walked = walk(draft, targets)  # the loop's walk and emission, outside every stage (`other`)
     index = timed("commit", lambda: cache.commit(path))
+    root_on_device = chosen[walked[-1]]  # the next round's root, as the loop takes it
     if feature_layers:
         features = [output.hidden[i] for i in feature_layers]
         timed("draft", lambda: drafter.extend(context, torch.cat([h[index] for h in features], dim=-1)))
+    drafted = draft.tree.tokens.tolist()
+    emitted = [drafted[i] for i in walked[1:]] + [targets[walked[-1]]]
+    ranks = [draft.ranks[node] for node in walked[1:]]
+    scratch = DecodeResult(tokens=[], acceptance_lengths=[])
+    emit_round(scratch, emitted, walked[1:], ranks, draft.tree.size, frozenset(), len(emitted))
+    _sync(device)
+    timings["other"] = max(1000 * (time.perf_counter() - started) - sum(timings.values()), 0.0)
     return timings
 
 
@@ -329,7 +365,7 @@ class NodeCostSampler:
             raise ValueError(
                 f"accepted={self.accepted} must be between 0 and the block's {positions} drafted positions"
             )
-        self.samples = {n: {stage: [] for stage in ("draft", "tree", "verify", "commit")} for n in self.sizes}
+        self.samples = {n: {stage: [] for stage in STAGES} for n in self.sizes}
         self.depths: dict[int, int] = {}
         self.contexts: list[int] = []
         self.warmup = WARMUP
@@ -412,6 +448,7 @@ class NodeCostSampler:
             tree=stage("tree"),
             verify=stage("verify"),
             commit=stage("commit"),
+            other=stage("other"),
             block_size=self.drafter.block_size,
             accepted=self.accepted,
             commit_depths=[self.depths[n] for n in measured],

@@ -13,36 +13,40 @@ from __future__ import annotations
 
 import json
 import logging
-import statistics
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from remote_worker import stop_signal
+from remote_worker import host_load, stop_signal
+from remote_worker.decoding import peak_memory
 from remote_worker.decoding.acceptance_profile import AcceptanceProfile
-from remote_worker.decoding.budget_choice import Measured, Prediction, predict
-from remote_worker.decoding.budget_curve import BudgetCurve, compare, curve_record
-from remote_worker.decoding.comparison import (
-    AR_BY_DEFINITION,
-    Comparison,
-    Method,
-    PromptRun,
-    Settings,
-    methods_for,
-    run_prompt,
-)
+from remote_worker.decoding.budget_curve import BudgetCurve
+from remote_worker.decoding.comparison import Comparison, Method, Settings, methods_for, run_prompt
 from remote_worker.decoding.compile_cache import CompileCache
 from remote_worker.decoding.compiled import CompiledRounds, compile_rounds, wanted
-from remote_worker.decoding.divergence import Divergence
-from remote_worker.decoding.loop import prefill
-from remote_worker.decoding.node_cost import NodeCosts, NodeCostSampler, context_tokens, metric_steps, node_cost_sizes
-from remote_worker.decoding.tree_limits import beyond_draft
-from remote_worker.decoding.tree_memory import budget_problem, free_bytes
+from remote_worker.decoding.tree_memory import free_bytes
 from remote_worker.events import EventLog
+from remote_worker.experiments.budget_answer import (
+    NodeCostSlices,
+    budget_curve_record,
+    check_budgets,
+    emit_budget_curves,
+    predict_budget,
+)
+from remote_worker.experiments.decode_report import (
+    GENERATIONS_FILE,
+    SUMMARY_FILE,
+    emit_rounds,
+    generation_row,
+    headline_first,
+    headline_metrics,
+    terminal_summary,
+    write_summary,
+)
+from remote_worker.experiments.verdict import best_tags
 from remote_worker.models.layout import layout_params
 from remote_worker.models.loading import (
     context_length,
@@ -54,12 +58,10 @@ from remote_worker.models.loading import (
 )
 from remote_worker.models.target import TargetModel
 from remote_worker.prompt_set import DEFAULT_PROMPTS, Prompt, load_prompt_file
-from remote_worker.prompts import decode_text, encode
+from remote_worker.prompts import encode
 from remote_worker.spec import Spec
 
 LOG = logging.getLogger(__name__)
-SUMMARY_FILE = "decode_summary.json"
-GENERATIONS_FILE = "generations.jsonl"
 
 
 def prompt_source(spec: Spec) -> Path:
@@ -135,12 +137,16 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     encoded = encode_all(
         prompts, tokenizer, target, settings.max_new_tokens, enable_thinking, spec.model.name, overhang
     )
-    _check_budgets(target, drafter.block_size, budgets, max(len(ids) for ids in encoded) + settings.max_new_tokens)
+    longest = max(len(ids) for ids in encoded) + settings.max_new_tokens
+    free = free_bytes(target.device)
+    check_budgets(target, drafter.block_size, budgets, longest, free)
     methods = methods_for(budgets)
     passes = f" × {settings.repeats} repeats" if settings.repeats > 1 else ""
     log.progress("setup", 2, 2, f"{len(prompts)} prompts × {len(methods)} methods{passes}")
     compiled = _compiled_rounds(spec, log, target, drafter, methods, encoded, settings)
-    slices = NodeCostSlices.of(spec, target, drafter, len(prompts), settings, budgets)
+    if compiled is None:
+        _warm_up(target, drafter, encoded[0], methods)
+    slices = NodeCostSlices.of(spec, target, drafter, len(prompts), settings, budgets, compiled)
     context = _job_context(spec, target, prompts)
     for method in methods:
         params = {**context, **_method_params(method, drafter.block_size, settings, len(prompts), compiled is not None)}
@@ -149,6 +155,8 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     profiles = {m.scope: AcceptanceProfile() for m in methods if m.drafts}
     curves = {m.scope: BudgetCurve(m.budget) for m in methods if m.name == "ddtree"}
     total = len(prompts) * len(methods) * settings.repeats
+    load = host_load.running()
+    decode_started = time.time()
     with (spec.run_dir / GENERATIONS_FILE).open("w", encoding="utf-8") as generations:
         for index, (prompt, ids) in enumerate(zip(prompts, encoded, strict=True)):
 
@@ -169,181 +177,72 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
                 profile.add(run.first(scope).accepted_ranks)
             for scope, curve in curves.items():
                 curve.add(run.first(scope).accepted_nodes)
-            row = _generation_row(prompt, run, methods, divergences, tokenizer, comparison.exactness)
+            row = generation_row(prompt, run, methods, divergences, tokenizer, comparison.exactness)
             generations.write(json.dumps(row, ensure_ascii=False) + "\n")
             generations.flush()
     log.progress("decode", total, total, "done")
     summary = comparison.metrics()
-    node_costs = slices.costs() if slices is not None else None
-    costs: dict[str, float] = {}
-    if compiled is not None:
-        for scope, seconds in compiled.compile_seconds.items():
-            if scope in summary:  # the methods' rounds; "prefill" is the job's
-                summary[scope]["compile_s"] = seconds
-        recompiles = compiled.recompiles()
-        costs = {
-            "compile_s": sum(compiled.compile_seconds.values()),
-            "prefill.compile_s": compiled.compile_seconds["prefill"],
-            "recompiles": float(recompiles),
-        }
-        if recompiles:
-            LOG.warning("decode.compile: %d graphs were compiled again after the warm-up (a shape changed)", recompiles)
+    costs = slices.costs() if slices is not None else None
+    compile_figures = _compile_figures(compiled, summary)
     curve = budget_curve_record(methods, curves, summary)
-    prediction = predict_budget(methods, curve, node_costs, summary, compiled is not None)
+    prediction = predict_budget(
+        methods, curves, costs, summary, compiled=compiled is not None, target=target, context=longest, free=free
+    )
     # A run page lists metrics in the order they were first logged (see HEADLINE_FIRST): the answer first.
     headline, verdict = headline_metrics(summary)
     best = {key: value for key, value in headline.items() if key.startswith("best.")}
-    log.emit("metrics", {**best, **_predicted_best(prediction), **headline}, step=0)  # the job's run answers
-    if costs:
-        log.emit("metrics", costs, step=0)
+    predicted = prediction.metrics() if prediction is not None else {}
+    log.emit("metrics", {**best, **predicted, **headline}, step=0)  # the job's run answers
+    if compile_figures:
+        log.emit("metrics", compile_figures, step=0)
     for scope, metrics in summary.items():
-        log.emit("metrics", _headline_first(metrics), scope=scope, step=0)
-    _emit_budget_curves(log, curve, node_costs, prediction)
+        log.emit("metrics", headline_first(metrics), scope=scope, step=0)
+    emit_budget_curves(log, curve, costs, prediction)
     for scope, tally in comparison.tallies.items():
-        _emit_rounds(log, scope, tally.acceptance_lengths)
+        emit_rounds(log, scope, tally.acceptance_lengths)
     if verdict is not None:
-        log.emit("tags", _best_tags(verdict, methods))
+        log.emit("tags", best_tags(verdict, methods))
     extras = {
         "budget_curve": curve,
-        "node_costs": node_costs.as_record() if node_costs is not None else None,
+        "node_costs": costs.as_record() if costs is not None else None,
         "prediction": prediction.as_record() if prediction is not None else None,
         "acceptance_profiles": {scope: profile.as_record() for scope, profile in profiles.items()},
+        "peak_memory_measures": peak_memory.measures(target.device),
+        "host_load": load.summary(since=decode_started).as_record() if load is not None else None,
     }
-    _write_summary(spec, methods, summary, comparison, str(target.device), drafter.block_size, verdict, extras)
+    write_summary(spec, methods, summary, comparison, str(target.device), drafter.block_size, verdict, extras)
     log.emit("artifact", {"path": SUMMARY_FILE})
     log.emit("artifact", {"path": GENERATIONS_FILE})
-    lines = _terminal_summary(summary, verdict)
+    lines = terminal_summary(summary, verdict)
     if prediction is not None:
         lines["budget"] = prediction.line()
     return lines
 
 
-# Prompts after which the node costs are measured (evenly spaced), at most: enough samples to see the machine
-# as the decodes do, without costing a long prompt set a measurement per prompt.
-NODE_COST_POINTS = 8
+def _warm_up(target: TargetModel, drafter: Any, prompt: torch.Tensor, methods: list[Method]) -> None:
+    """Every method decodes a few tokens of the first prompt, untimed, before any clock: a process's first
+    decodes pay for what it sets up once (the allocator's pools, the first calls into each kernel). Without it
+    the first prompt's DDTree rounds ran 20–50 % slower than the rest, on the prompt with the most rounds,
+    and the job's figures with them. Compiled rounds warm up as they compile."""
+    run_prompt(target, drafter, prompt[:32], methods, Settings(8), index=0)
 
 
-@dataclass
-class NodeCostSlices:
-    """`decode.node_costs`: the round's stages against tree size (`decoding.node_cost`), up to the largest
-    budget's tree, measured in slices after some of the prompts (`after`), each at that prompt's context
-    halfway through its decode (the prompt and half the new tokens), `decode.node_cost_repeats` rounds per
-    size and slice. Slices between the decodes see the machine as the decodes did, where a measurement all
-    before them saw whatever speed the machine had then (`NodeCostSampler`)."""
-
-    sampler: NodeCostSampler
-    points: set[int]  # prompt indices after which a slice is measured
-    repeats: int
-    half: int  # half the new tokens: where an average round of a decode verifies
-
-    @classmethod
-    def of(
-        cls, spec: Spec, target: TargetModel, drafter: Any, prompts: int, settings: Settings, budgets: list[int]
-    ) -> NodeCostSlices | None:
-        if not spec.decode.get("node_costs", True):
-            return None
-        largest = max(budgets)
-        sizes = node_cost_sizes(largest, cap=largest + 1)  # 1, 2, 4, …, and the largest budget's tree itself
-        points = {round(k * (prompts - 1) / max(NODE_COST_POINTS - 1, 1)) for k in range(NODE_COST_POINTS)}
-        repeats = int(spec.decode.get("node_cost_repeats", 5))
-        return cls(NodeCostSampler(target, drafter, sizes), points, repeats, settings.max_new_tokens // 2)
-
-    def after(self, index: int, ids: torch.Tensor, log: EventLog) -> None:
-        """A slice after prompt `index` (its token ids), when it is one of the points."""
-        if index not in self.points:
-            return
-        sampler = self.sampler
-        slices = sorted(self.points)
-
-        def progress(done: int, total: int, what: str) -> None:
-            stop_signal.check()
-            log.progress("node costs", slices.index(index) * total + done, len(slices) * total, what)
-
-        start = prefill(sampler.target, context_tokens(ids, len(ids) - 1 + self.half), sampler.drafter)
-        sampler.measure(start, self.repeats, warmup=1, progress=progress)
-
-    def costs(self) -> NodeCosts:
-        costs = self.sampler.costs()
-        if costs.unmeasured:
-            LOG.warning("node costs: tree sizes %s not measured: %s", costs.unmeasured, costs.note)
-        return costs
-
-
-def budget_curve_record(
-    methods: list[Method], curves: dict[str, BudgetCurve], summary: dict[str, dict[str, float]]
-) -> dict[str, Any] | None:
-    """tau at every budget from the largest budget's decode (`budget_curve`), checked against the run's real
-    decodes at the other budgets; None without a DDTree method."""
-    trees = [m for m in methods if m.name == "ddtree"]
-    if not trees:
-        return None
-    largest = max(trees, key=lambda m: m.budget)
-    curve = curves[largest.scope]
-    checks = compare(curve, {m.budget: summary[m.scope]["tau"] for m in trees if m is not largest})
-    return curve_record(largest.scope, curve, checks)
-
-
-def predict_budget(
-    methods: list[Method],
-    curve: dict[str, Any] | None,
-    costs: NodeCosts | None,
-    summary: dict[str, dict[str, float]],
-    compiled: bool,
-) -> Prediction | None:
-    """tokens/s predicted at every budget (`budget_choice`); None without both a curve and the node costs, or
-    where they cannot predict (a warning says why: the decode's own figures are not to be lost to it)."""
-    if curve is None or costs is None:
-        return None
-    measured = [
-        Measured(m.budget, summary[m.scope]["tokens_per_s"], summary[m.scope]["speedup_vs_ar"])
-        for m in methods
-        if m.name == "ddtree"
-    ]
-    try:
-        return predict(curve["tau"], costs, summary[methods[0].scope]["tokens_per_s"], measured, compiled)
-    except ValueError as exc:
-        LOG.warning("no predicted budget: %s", exc)
-        return None
-
-
-def _predicted_best(prediction: Prediction | None) -> dict[str, float]:
-    """`best.predicted_budget` and `best.predicted_speedup_vs_ar`, which lead the job's page beside `best.*`."""
-    if prediction is None:
+def _compile_figures(compiled: CompiledRounds | None, summary: dict[str, dict[str, float]]) -> dict[str, float]:
+    """The job's compile figures (`compile_s`, `prefill.compile_s`, `recompiles`), each method's `compile_s`
+    added to its figures; none for a run decoded eagerly."""
+    if compiled is None:
         return {}
+    for scope, seconds in compiled.compile_seconds.items():
+        if scope in summary:  # the methods' rounds; "prefill" is the job's
+            summary[scope]["compile_s"] = seconds
+    recompiles = compiled.recompiles()
+    if recompiles:
+        LOG.warning("decode.compile: %d graphs were compiled again after the warm-up (a shape changed)", recompiles)
     return {
-        "best.predicted_budget": float(prediction.best_budget),
-        "best.predicted_speedup_vs_ar": prediction.best_speedup_vs_ar,
-        "best.predicted_tokens_per_s": prediction.best_tokens_per_s,
+        "compile_s": sum(compiled.compile_seconds.values()),
+        "prefill.compile_s": compiled.compile_seconds["prefill"],
+        "recompiles": float(recompiles),
     }
-
-
-def _emit_budget_curves(
-    log: EventLog, curve: dict[str, Any] | None, costs: NodeCosts | None, prediction: Prediction | None
-) -> None:
-    """The job's curves, each a metric history whose step is the budget (or the tree size): `tau_at_budget`,
-    `tau_at_budget_error` (estimate − measured, at the budgets the run decoded), the node costs
-    (`node_cost.verify_ms` …, step = nodes) and `predicted_tokens_per_s`."""
-    if curve is not None:
-        for budget, tau in enumerate(curve["tau"], start=1):
-            log.emit("metrics", {"tau_at_budget": tau}, step=budget)
-        for check in curve["checks"]:
-            log.emit("metrics", {"tau_at_budget_error": check["error"]}, step=check["budget"])
-    for step, metrics in metric_steps(costs) if costs is not None else ():
-        log.emit("metrics", metrics, step=step)
-    if prediction is not None:
-        for budget, speed in zip(prediction.budgets, prediction.tokens_per_s, strict=True):
-            log.emit("metrics", {"predicted_tokens_per_s": speed}, step=budget)
-
-
-def _check_budgets(target: TargetModel, block_size: int, budgets: list[int], context: int) -> None:
-    """A budget a draft block cannot fill (`tree_limits`), or whose tree the device cannot hold
-    (`tree_memory`), is one line before any decode, not a misnamed run or an allocator's error mid-sweep."""
-    free = free_bytes(target.device)
-    for budget in sorted(budgets, reverse=True):
-        problem = beyond_draft(budget, block_size, target.head.out_features)
-        problem = problem or budget_problem(target, budget, context, free)
-        if problem is not None:
-            raise ValueError(problem)
 
 
 def _compiled_rounds(
@@ -385,124 +284,6 @@ def _compiled_rounds(
     return outcome
 
 
-# The per-round series (step = round index): drafted tokens accepted in each round of the first pass. MLflow
-# shows a series' last value beside the figures, where a bare `acceptance_length` read as the method's
-# acceptance (that is `tau`); the name says it is one round's. No "/" in it: MLflow's charts put a "prefix/"
-# section above the method's own figures.
-ROUND_ACCEPTANCE = "round.accepted_tokens"
-
-# What MLflow shows first. A run page lists a run's metrics in the order they were first logged (the store
-# keeps that order), so these are logged first, the other figures next and the per-round series last. The
-# compare view and the charts sort names alphabetically (`acceptance_length_mean` leads there); only renaming
-# the public figures could change that.
-HEADLINE_FIRST = ("tau", "speedup_vs_ar", "tokens_per_s", "lossless")
-
-# What the job's own run shows per method (`ar.tokens_per_s`, `dflash.tau`, …), from each child's figures; the
-# 95 % intervals over prompts (`ddtree_tb32.tau_ci_low`, …) only where the method has them (two prompts or more).
-HEADLINE = ("tau", "tau_ci_low", "tau_ci_high", "tokens_per_s", "speedup_vs_ar", "speedup_vs_ar_ci_low",
-            "speedup_vs_ar_ci_high", "speedup_vs_dflash", "speedup_vs_dflash_ci_low", "speedup_vs_dflash_ci_high",
-            "tpot_ms", "prefill_ms", "ttft_ms", "acceptance_length_mean", "compile_s")  # fmt: skip
-HEADLINE_AT_T0 = ("lossless", "near_tie_divergences", "unexplained_divergences")
-ONE_PASS = "one pass per prompt (decode.repeats=1): no spread to tell noise from a difference"
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What the job says about its drafting methods: the `best.*` tags and metrics, the description's Best
-    line, the terminal's `best` row. `best` is the method named, or None where no method is clearly ahead;
-    `basis` says how far the naming can be trusted, in the words the page shows."""
-
-    fastest: str  # the drafting method with the highest median speedup_vs_ar
-    best: str | None
-    basis: str
-
-
-def headline_metrics(summary: dict[str, dict[str, float]]) -> tuple[dict[str, float], Verdict | None]:
-    """Each method's headline figures under `<method>.<metric>`, and `best.*` where a best is named (`judge`).
-    In the order the job's run page lists them: `best.*`, each figure of HEADLINE_FIRST for every method (the
-    comparison on one screen), then every method's other figures."""
-    verdict = judge(summary)
-    headline: dict[str, float] = {}
-    if verdict is not None and verdict.best is not None:
-        headline.update({f"best.{key}": summary[verdict.best][key] for key in ("speedup_vs_ar", "tau", "tokens_per_s")})
-    for key in HEADLINE_FIRST:
-        headline.update({f"{scope}.{key}": metrics[key] for scope, metrics in summary.items() if key in metrics})
-    for scope, metrics in summary.items():
-        rest = (key for key in (*HEADLINE, *HEADLINE_AT_T0) if key not in HEADLINE_FIRST and key in metrics)
-        headline.update({f"{scope}.{key}": metrics[key] for key in rest})
-    constant = {f"ar.{key}" for key in AR_BY_DEFINITION}
-    return {k: v for k, v in headline.items() if k not in constant}, verdict
-
-
-def judge(summary: dict[str, dict[str, float]]) -> Verdict | None:
-    """Which drafting method the job names best, and how sure that is (None: no drafting method ran).
-
-    One pass per prompt has no spread, so its fastest may be noise (three identical one-pass runs once named
-    three different winners): it is named, and the basis says it is one pass. With repeats, a method is named
-    only when its slowest pass beats every other drafting method's fastest; otherwise the spreads overlap, no
-    method is clearly ahead and none is named. A fastest method slower than AR says that first."""
-    drafting = {scope: metrics for scope, metrics in summary.items() if scope != "ar"}
-    if not drafting:
-        return None
-    fastest = max(drafting, key=lambda scope: drafting[scope]["speedup_vs_ar"])
-    figures = drafting.pop(fastest)
-    slower = "slower than AR, as is every drafting method here; " if figures["speedup_vs_ar"] < 1 else ""
-    repeats = int(figures.get("repeats", 1))
-    if repeats <= 1:
-        return Verdict(fastest, fastest, slower + ONE_PASS)
-    if not drafting:
-        return Verdict(fastest, fastest, f"{slower}the only drafting method ({repeats} passes)")
-    rival = max(drafting, key=lambda scope: _pass_speedups(drafting[scope])[1])
-    low, high = _pass_speedups(figures)[0], _pass_speedups(drafting[rival])[1]
-    if low > high:
-        basis = f"ahead in all {repeats} passes: its slowest ×{low:.2f} beats {rival}'s fastest ×{high:.2f}"
-        return Verdict(fastest, fastest, slower + basis)
-    basis = (
-        f"no method is clearly ahead over {repeats} passes: {fastest} {_pass_range(figures)} overlaps {rival} "
-        f"{_pass_range(drafting[rival])}"
-    )
-    return Verdict(fastest, None, basis + ("; every drafting method is slower than AR" if slower else ""))
-
-
-def _pass_speedups(metrics: dict[str, float]) -> tuple[float, float]:
-    """The slowest and fastest pass's speedup (the median where a run has no spread)."""
-    median = metrics["speedup_vs_ar"]
-    return metrics.get("speedup_vs_ar_min", median), metrics.get("speedup_vs_ar_max", median)
-
-
-def _pass_range(metrics: dict[str, float]) -> str:
-    low, high = _pass_speedups(metrics)
-    return f"×{low:.2f}–{high:.2f}"
-
-
-def _headline_first(metrics: dict[str, float]) -> dict[str, float]:
-    """A method's figures with HEADLINE_FIRST's in front: the order its run page lists them in."""
-    return {**{key: metrics[key] for key in HEADLINE_FIRST if key in metrics}, **metrics}
-
-
-def best_record(verdict: Verdict | None) -> dict[str, str | None] | None:
-    """The verdict in `decode_summary.json`, whence the description's Best line: `scope` is the method named
-    best, null where none is clearly ahead (`basis` then says so)."""
-    if verdict is None:
-        return None
-    return {"scope": verdict.best, "fastest": verdict.fastest, "basis": verdict.basis}
-
-
-def _best_tags(verdict: Verdict, methods: list[Method]) -> dict[str, str]:
-    """`best.basis` always; `best.method` and `best.tree_budget` only where a best is named."""
-    tags = {"best.basis": verdict.basis}
-    if verdict.best is not None:
-        tags["best.method"] = verdict.best
-        budget = _budget_of(methods, verdict.best)
-        if budget:
-            tags["best.tree_budget"] = str(budget)
-    return tags
-
-
-def _budget_of(methods: list[Method], scope: str) -> int | None:
-    return next((m.budget for m in methods if m.scope == scope), None)
-
-
 def _job_context(spec: Spec, target: TargetModel, prompts: list[Prompt]) -> dict[str, Any]:
     """What a child run needs to be compared with children of other jobs: the job's model, dtype, seed, prompts."""
     source = spec.experiment.get("prompts")
@@ -526,99 +307,3 @@ def _method_params(method: Method, block_size: int, settings: Settings, prompts:
         "num_prompts": prompts,
         "compiled": compiled,
     }
-
-
-def _emit_rounds(log: EventLog, scope: str, lengths: list[int]) -> None:
-    """The method's per-round series (first pass, every prompt's rounds in turn), once its figures are logged:
-    a run page lists metrics in the order they first came, and the figures are what it should lead with."""
-    for step, length in enumerate(lengths):
-        log.emit("metrics", {ROUND_ACCEPTANCE: float(length)}, scope=scope, step=step)
-
-
-def _generation_row(
-    prompt: Prompt,
-    run: PromptRun,
-    methods: list[Method],
-    divergences: dict[str, Divergence | None],
-    tokenizer: Any,
-    exact: bool,
-) -> dict[str, Any]:
-    """One prompt: its text as the model saw it, and every method's output, speed and agreement with AR."""
-    outputs = {}
-    for method in methods:
-        results = run.results[method.scope]
-        first = results[0]
-        divergence = divergences[method.scope]
-        outputs[method.scope] = {
-            "text": decode_text(first.tokens, tokenizer),
-            "tokens": first.tokens,
-            "rounds": first.rounds,
-            "tau": first.tau,
-            "decode_s": statistics.median(r.decode_seconds for r in results),
-            "decode_s_repeats": [r.decode_seconds for r in results],
-            "matches_ar": (divergence is None) if exact else None,  # compared at temperature 0 only
-            "divergence": divergence.as_record() if divergence is not None else None,
-        }
-    return {
-        "id": prompt.id,
-        "prompt": decode_text(run.tokens, tokenizer),
-        "prompt_tokens": len(run.tokens),
-        "prefill_ms": 1000 * run.prefill_target_seconds,
-        "draft_prefill_ms": 1000 * run.prefill_draft_seconds,
-        "methods": outputs,
-    }
-
-
-def _write_summary(
-    spec: Spec,
-    methods: list[Method],
-    summary: dict[str, dict[str, float]],
-    comparison: Comparison,
-    device: str,
-    block_size: int,
-    verdict: Verdict | None,
-    extras: dict[str, Any],
-) -> None:
-    """`decode_summary.json`: what the orchestrator's table and plots read. `extras`: the budget curve, the
-    node costs, the prediction and the acceptance profiles (each null where the run has none)."""
-    document = {
-        "model": spec.model.name,
-        "dtype": str(comparison.dtype).removeprefix("torch."),
-        "device": device,
-        "temperature": float(spec.decode.get("temperature", 0.0)),
-        "block_size": block_size,
-        "repeats": int(spec.decode.get("repeats", 1)),
-        "methods": [{"scope": m.scope, "method": m.name, "tree_budget": m.budget, **summary[m.scope]} for m in methods],
-        "acceptance_lengths": {scope: t.acceptance_lengths for scope, t in comparison.tallies.items()},
-        "best": best_record(verdict),
-        **extras,
-    }
-    (spec.run_dir / SUMMARY_FILE).write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
-
-
-def _terminal_summary(summary: dict[str, dict[str, float]], verdict: Verdict | None = None) -> dict[str, str]:
-    """One line per method, then `best`: the verdict the job's page shows, so the terminal names no winner
-    the page would not. A figure's 95 % interval over prompts follows it where the method has one."""
-
-    def _ci(metrics: dict[str, float], key: str) -> str:
-        low, high = metrics.get(f"{key}_ci_low"), metrics.get(f"{key}_ci_high")
-        return "" if low is None or high is None else f" ({low:.2f}–{high:.2f})"
-
-    lines = {}
-    for scope, m in summary.items():
-        text = f"tau {m['tau']:.2f}{_ci(m, 'tau')} · {m['tokens_per_s']:.1f} tok/s"
-        text += f" · ×{m['speedup_vs_ar']:.2f}{_ci(m, 'speedup_vs_ar')} vs AR"
-        if "speedup_vs_dflash" in m:
-            text += f" · ×{m['speedup_vs_dflash']:.2f}{_ci(m, 'speedup_vs_dflash')} vs DFlash"
-        text += f" · repetition {m['repetition_share']:.2f}"
-        if "lossless" in m:
-            text += f" · lossless {m['lossless']:.2f}"
-            if m["lossless"] < 1:
-                text += f" ({m['near_tie_divergences']:.0f} near-tie, {m['unexplained_divergences']:.0f} unexplained)"
-        lines[scope] = text
-    if verdict is not None and verdict.best is not None:
-        m = summary[verdict.best]
-        lines["best"] = f"{verdict.best}, ×{m['speedup_vs_ar']:.2f} vs AR at tau {m['tau']:.2f} — {verdict.basis}"
-    elif verdict is not None:
-        lines["best"] = verdict.basis
-    return lines

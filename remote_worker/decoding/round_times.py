@@ -1,0 +1,135 @@
+"""What a whole compiled round costs on this host, at each tree size the run compiled a round for: AR's round
+of one node and each DDTree budget's tree. `node_cost` times the reference round's stages apart; a compiled
+round is one graph with one transfer to the host, and timing its stages apart would take a sync each, so it is
+timed whole, as the run decodes it.
+
+A sample is a short decode (`loop.decode_from` with the compiled round) from a state the run's decodes are in
+(a prompt and half its new tokens, as `node_cost`'s slices): its seconds over its rounds. The decode
+experiment takes a slice after some of its prompts, so these samples see the machine as the decodes around
+them did. `RoundTimes.round_ms(b)` is linear in nodes between the sizes compiled, as `NodeCosts.round_ms` is
+between the sizes measured, and answers budgets up to the largest compiled: the run compiles no round for
+the budgets between, so nothing else about them is known.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from remote_worker.decoding.fixed_round import FixedRound
+from remote_worker.decoding.loop import Prefill, decode_from
+from remote_worker.decoding.node_cost import SPREAD, StageCost, interpolate
+from remote_worker.models.target import TargetModel
+
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass(frozen=True)
+class RoundTimes:
+    """Per tree size timed (nodes, root included; 1 is AR's round), the whole round's cost: the median, fastest,
+    slowest and mean sample, each a short decode's milliseconds per round (`round_ms` reads the means, as
+    `NodeCosts.round_ms` does, for the reason `StageCost` gives)."""
+
+    sizes: list[int]
+    rounds: list[StageCost]
+    repeats: int  # samples per size
+    device: str
+    context: int  # committed tokens when sampled, on average
+    kind: str = "compiled"  # what rounds the costs describe (`budget_choice` checks it against the run's)
+
+    def __post_init__(self) -> None:
+        if not self.sizes or self.sizes[0] != 1 or sorted(set(self.sizes)) != self.sizes:
+            raise ValueError(f"sizes {self.sizes} must start at AR's one node and increase")
+        if len(self.rounds) != len(self.sizes):
+            raise ValueError(f"{len(self.rounds)} round costs for {len(self.sizes)} sizes")
+
+    @property
+    def largest_budget(self) -> int:
+        return self.sizes[-1] - 1
+
+    def round_ms(self, budget: int) -> float:
+        """A DDTree round of `budget`, linear in nodes between the compiled sizes around budget + 1."""
+        if not 1 <= budget <= self.largest_budget:
+            raise ValueError(f"budget {budget} is outside the compiled rounds' 1–{self.largest_budget}")
+        return interpolate(self.sizes, self.rounds, budget + 1)
+
+    def ar_round_ms(self) -> float:
+        return self.rounds[0].average_ms
+
+    def as_record(self) -> dict[str, Any]:
+        return {**asdict(self), "spread": SPREAD}
+
+
+@dataclass(frozen=True)
+class _Timed:
+    """A round to time: AR (budget 0) or DDTree at a budget, compiled (`fixed`) or the reference round."""
+
+    budget: int
+    fixed: FixedRound | None = None
+
+    @property
+    def nodes(self) -> int:
+        return self.budget + 1
+
+    @property
+    def method(self) -> str:
+        return "ddtree" if self.budget else "ar"
+
+
+class RoundTimeSampler:
+    """Samples of whole rounds at several tree sizes, gathered from one state or several (`measure`), then
+    their figures (`costs`): the run's compiled AR and DDTree rounds (`rounds`, by method scope), or, with
+    `sizes`, the reference round at each size (1: AR's)."""
+
+    def __init__(
+        self,
+        target: TargetModel,
+        drafter: Any,
+        rounds: dict[str, FixedRound] | None = None,
+        sizes: list[int] | None = None,
+    ) -> None:
+        if rounds is not None:
+            timed = [_Timed(r.budget if r.method == "ddtree" else 0, r) for r in rounds.values() if r.method != "dflash"]
+            self.kind = "compiled"
+        else:
+            timed = [_Timed(n - 1) for n in sizes or []]
+            self.kind = "eager"
+        if not any(t.budget == 0 for t in timed):
+            raise ValueError("no AR round to time, which every prediction divides by")
+        self.target, self.drafter = target, drafter
+        self.rounds = sorted(timed, key=lambda t: t.nodes)
+        self.samples: dict[int, list[float]] = {t.nodes: [] for t in self.rounds}
+        self.contexts: list[int] = []
+
+    def measure(self, start: Prefill, tokens: int, repeats: int, progress: Progress | None = None) -> None:
+        """`repeats` short decodes of `tokens` new tokens per compiled round from the state of `start` (which
+        stays as it is), after one untimed."""
+        if repeats < 1 or tokens < 1:
+            raise ValueError(f"repeats={repeats} and tokens={tokens} must be at least 1")
+        self.contexts.append(start.cache.length)
+        for done, fixed in enumerate(self.rounds):
+            for attempt in range(repeats + 1):
+                result = decode_from(
+                    self.target, start, method=fixed.method, max_new_tokens=tokens,
+                    drafter=self.drafter if fixed.budget else None, budget=fixed.budget, rounds=fixed.fixed,
+                )  # fmt: skip
+                if attempt and result.rounds:
+                    self.samples[fixed.nodes].append(1000 * result.decode_seconds / result.rounds)
+            if progress is not None:
+                median = statistics.median(self.samples[fixed.nodes])
+                progress(done + 1, len(self.rounds), f"{fixed.nodes} nodes: round {median:.3g} ms ({self.kind})")
+
+    def costs(self) -> RoundTimes:
+        sizes = [r.nodes for r in self.rounds if self.samples[r.nodes]]
+        if not sizes or sizes[0] != 1:
+            raise ValueError("no compiled round was sampled")
+        return RoundTimes(
+            kind=self.kind,
+            sizes=sizes,
+            rounds=[StageCost.of(self.samples[n]) for n in sizes],
+            repeats=min(len(self.samples[n]) for n in sizes),
+            device=str(self.target.device),
+            context=round(statistics.fmean(self.contexts)),
+        )
