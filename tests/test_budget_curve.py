@@ -15,7 +15,6 @@ from orchestrator import CONF_DIR
 from orchestrator.stream.events import split_events
 from remote_worker import runner
 from remote_worker.decoding.acceptance_profile import AcceptanceProfile
-from remote_worker.decoding.budget_choice import Measured, predict
 from remote_worker.decoding.budget_curve import BudgetCurve, accepted_within, compare, walk_within
 from remote_worker.decoding.device_tree import device_best_first_tree
 from remote_worker.decoding.fixed_round import FixedRound
@@ -216,34 +215,6 @@ def costs(verify: list[float], sizes: list[int]) -> NodeCosts:
     )
 
 
-def test_the_prediction_divides_tau_by_the_round() -> None:
-    """tau 2, 3, 3.5, 3.6 at budgets 1–4; a round costs draft 1 + verify + commit 0.5 ms, verify linear from 2 ms
-    at 1 node to 4 ms at 5 nodes; AR as the costs predict it: verify(1) + commit = 2.5 ms, 400 tokens/s. The
-    speedups divide by AR as measured (500 tokens/s), as the run's measured speedups do."""
-    tau = [2.0, 3.0, 3.5, 3.6]
-    measured = [Measured(2, 700.0, 1.6), Measured(4, 650.0, 1.5)]
-    prediction = predict(tau, costs([2.0, 4.0], [1, 5]), 500.0, measured)
-    rounds_ms = [1 + (2 + 0.5 * b) + 0.5 for b in (1, 2, 3, 4)]  # 4.0, 4.5, 5.0, 5.5
-    assert prediction.budgets == [1, 2, 3, 4]
-    assert prediction.tokens_per_s == pytest.approx([1000 * t / r for t, r in zip(tau, rounds_ms, strict=True)])
-    assert prediction.ar_predicted_tokens_per_s == pytest.approx(400.0) and prediction.ar_tokens_per_s == 500
-    assert prediction.best_budget == 3  # 700 tokens/s: 3.5 / 5 ms
-    assert prediction.best_speedup_vs_ar == pytest.approx(700 / 500)
-    assert prediction.predicted_at_measured == pytest.approx([1000 * 3 / 4.5, 1000 * 3.6 / 5.5])
-    assert not prediction.at_edge
-    assert prediction.line() == "on this host, budget 3 is predicted fastest: ×1.40 vs AR (measured at 2: ×1.60)"
-    with pytest.raises(ValueError, match="AR's measured speed must be positive"):
-        predict(tau, costs([2.0, 4.0], [1, 5]), 0.0, measured)
-
-
-def test_a_best_budget_at_the_curves_end_says_a_larger_one_may_be_faster() -> None:
-    prediction = predict([2.0, 3.0, 4.0], costs([2.0, 2.0], [1, 4]), 300.0, [])
-    assert prediction.best_budget == 3 and prediction.at_edge
-    assert prediction.line().endswith("; 3 is the largest budget this run can tell, a larger one may be faster")
-    # Costs measured only up to 3 nodes cut the prediction at budget 2, whatever the curve holds.
-    assert predict([2.0, 3.0, 4.0], costs([2.0, 2.0], [1, 3]), 300.0, []).budgets == [1, 2]
-
-
 # The estimate against real decodes on the trained pair, 8 held-out prompts × 128 tokens (float32, CPU), as
 # first measured: +0.20 at budget 16 (4.88 against 4.68), +0.14 at 32 (5.10 against 4.97). The margin leaves
 # room for another CPU's rounding to move a few draft trees; see the README's results for the error over
@@ -280,10 +251,16 @@ def test_one_run_at_budget_64_tells_tau_at_16_and_32_within_the_margin(tmp_path:
     assert set(history["tau_at_budget_error"]) == {16, 32}
     prediction = summary["prediction"]
     assert set(history["predicted_tokens_per_s"]) == set(range(1, 65))
-    assert history["best.predicted_budget"][0] == prediction["best_budget"]
-    assert history["best.predicted_speedup_vs_ar"][0] == pytest.approx(prediction["best_speedup_vs_ar"])
+    assert history["budget.prediction_error"][0] == pytest.approx(prediction["error_median"])
+    assert set(history["prediction_error"]) == {0, 16, 32, 64}  # AR's check at step 0, then each decoded budget
     end = events[-1].data
-    assert end["summary"]["budget"].startswith(f"on this host, budget {prediction['best_budget']} is predicted")
+    if prediction["cannot_tell"]:  # a busy CI machine's errors: the answer withheld, and the line says why
+        assert "best.predicted_budget" not in history
+        assert end["summary"]["budget"].startswith("the fastest budget cannot be told on this host: ")
+    else:
+        assert history["best.predicted_budget"][0] == prediction["best_budget"]
+        assert history["best.predicted_speedup_vs_ar"][0] == pytest.approx(prediction["best_speedup_vs_ar"])
+        assert end["summary"]["budget"].startswith(f"on this host, budget {prediction['best_budget']} is predicted")
     profile = summary["acceptance_profiles"]["ddtree_tb64"]
     assert profile["rounds"] == curve["rounds"] and profile["reach"][0] <= 1
     assert set(summary["acceptance_profiles"]) == {"dflash", "ddtree_tb16", "ddtree_tb32", "ddtree_tb64"}
@@ -293,11 +270,13 @@ def test_a_prediction_that_cannot_be_made_is_a_warning_not_a_failed_run(caplog: 
     """At the end of a decode every figure is in hand: a prediction the costs cannot make (here AR's measured
     speed is 0) leaves them all to be logged, with a warning that says why."""
     from remote_worker.decoding.comparison import methods_for
-    from remote_worker.experiments.ddtree_gdn import predict_budget
+    from remote_worker.experiments.budget_answer import predict_budget
 
     methods = methods_for([4])
     summary = {"ar": {"tokens_per_s": 0.0}, "ddtree_tb4": {"tokens_per_s": 10.0, "speedup_vs_ar": 0.0}}
-    curve = {"tau": [1.5, 2.0, 2.2, 2.3]}
+    curve = BudgetCurve(4)
+    curve.add([[1, 2], [1]])
     with caplog.at_level("WARNING"):
-        assert predict_budget(methods, curve, costs([2.0, 4.0], [1, 5]), summary, compiled=False) is None
+        curves = {"ddtree_tb4": curve}
+        assert predict_budget(methods, curves, costs([2.0, 4.0], [1, 5]), summary, compiled=False) is None
     assert "no predicted budget: AR's measured speed must be positive, not 0.0" in caplog.text

@@ -18,12 +18,13 @@ from orchestrator.config.validation import validate
 from orchestrator.tracking.job_summary import generation_rows, summarize
 from orchestrator.tracking.markdown_table import plain_markdown
 from orchestrator.tracking.runs import run_name
-from remote_worker.experiments.ddtree_gdn import (
-    ONE_PASS,
-    _terminal_summary,
-    best_record,
-    headline_metrics,
-    judge,
+from remote_worker.experiments.decode_report import headline_metrics
+from remote_worker.experiments.decode_report import terminal_summary as _terminal_summary
+from remote_worker.experiments.verdict import best_record, judge
+
+BASIS = (
+    "its interval clears the runner-up's: ddtree_tb32 ×2.50 (2.31–2.70) against dflash ×2.20 (2.05–2.29), 95 % "
+    "intervals over 8 prompts"
 )
 
 SUMMARY = {
@@ -39,7 +40,7 @@ SUMMARY = {
          "tokens_per_s_min": 240.0, "tokens_per_s_max": 260.0, "speedup_vs_ar": 2.5, "lossless": 0.5,
          "near_tie_divergences": 1.0, "unexplained_divergences": 0.0},
     ],
-    "best": {"scope": "ddtree_tb32", "fastest": "ddtree_tb32", "basis": ONE_PASS},
+    "best": {"scope": "ddtree_tb32", "fastest": "ddtree_tb32", "basis": BASIS},
 }  # fmt: skip
 
 
@@ -52,8 +53,7 @@ def test_the_table_has_a_row_per_method_in_order_and_names_the_best() -> None:
     assert "| ddtree_tb32 | 4.50 | 250.0 | 240.0–260.0 | ×2.50 |" in plain_markdown(rendered.markdown)
     assert "1 / 0" in plain_markdown(rendered.markdown)  # near tie / unexplained
     assert plain_markdown(rendered.markdown).splitlines()[2] == (  # under the answer: what MLflow shows collapsed
-        "Best: **ddtree_tb32**, ×2.50 vs AR at tau 4.50 — one pass per prompt (decode.repeats=1): no spread to "
-        "tell noise from a difference."
+        f"Best: **ddtree_tb32**, ×2.50 vs AR at tau 4.50 — {BASIS}."
     )
     table = list(csv.DictReader(io.StringIO(rendered.csv)))
     assert [r["method"] for r in table] == ["ar", "dflash", "ddtree_tb32"] and table[2]["tree_budget"] == "32"
@@ -157,10 +157,13 @@ def test_the_job_run_and_the_terminal_carry_the_intervals() -> None:
     assert lines["ar"].startswith("tau 1.00 · 100.0 tok/s · ×1.00 vs AR · repetition")
 
 
-def _method(scope: str, speedup: float, low: float, high: float, repeats: int) -> dict[str, Any]:
-    return {"scope": scope, "method": scope.split("_")[0], "tau": 2.0 if scope != "ar" else 1.0,
-            "tokens_per_s": 100 * speedup, "speedup_vs_ar": speedup, "speedup_vs_ar_min": low,
-            "speedup_vs_ar_max": high, "repeats": float(repeats)}  # fmt: skip
+def _method(scope: str, speedup: float, low: float | None, high: float | None, prompts: int) -> dict[str, Any]:
+    """A method's figures: its speedup and, where `low` is given, its 95 % interval over `prompts` prompts."""
+    figures = {"scope": scope, "method": scope.split("_")[0], "tau": 2.0 if scope != "ar" else 1.0,
+               "tokens_per_s": 100 * speedup, "speedup_vs_ar": speedup, "prompts": float(prompts)}  # fmt: skip
+    if low is not None and scope != "ar":
+        figures.update(speedup_vs_ar_ci_low=low, speedup_vs_ar_ci_high=high)
+    return figures
 
 
 def _what_the_job_says(*methods: dict[str, Any]) -> tuple[str, str, dict[str, float]]:
@@ -173,49 +176,61 @@ def _what_the_job_says(*methods: dict[str, Any]) -> tuple[str, str, dict[str, fl
     return line, row["best"], {k: v for k, v in headline.items() if k.startswith("best.")}
 
 
-def test_one_pass_names_its_fastest_and_says_it_is_one_pass() -> None:
+def test_a_method_is_crowned_only_where_its_interval_clears_the_runner_ups() -> None:
+    ar = _method("ar", 1.0, None, None, 8)
     line, row, best = _what_the_job_says(
-        _method("ar", 1.0, 1.0, 1.0, 1), _method("dflash", 1.9, 1.9, 1.9, 1), _method("ddtree_tb32", 2.1, 2.1, 2.1, 1)
+        ar, _method("dflash", 1.5, 1.3, 1.7, 8), _method("ddtree_tb32", 2.0, 1.8, 2.2, 8)
     )
     assert line == (
-        "Best: **ddtree_tb32**, ×2.10 vs AR at tau 2.00 — one pass per prompt (decode.repeats=1): no spread to tell "
-        "noise from a difference."
+        "Best: **ddtree_tb32**, ×2.00 vs AR at tau 2.00 — its interval clears the runner-up's: ddtree_tb32 ×2.00 "
+        "(1.80–2.20) against dflash ×1.50 (1.30–1.70), 95 % intervals over 8 prompts."
     )
     assert row == line.removeprefix("Best: ").replace("**", "").removesuffix(".")
-    assert best == {"best.speedup_vs_ar": 2.1, "best.tau": 2.0, "best.tokens_per_s": 210.0}
-
-
-def test_with_repeats_a_method_is_named_only_when_ahead_in_every_pass() -> None:
-    ar = _method("ar", 1.0, 1.0, 1.0, 3)
+    assert best == {"best.speedup_vs_ar": 2.0, "best.tau": 2.0, "best.tokens_per_s": 200.0}
+    # the sweep's own case: a fastest whose interval (0.73–1.80) overlaps the runner-up's is not crowned
     line, row, best = _what_the_job_says(
-        ar, _method("dflash", 1.5, 1.4, 1.6, 3), _method("ddtree_tb32", 2.0, 1.8, 2.2, 3)
+        ar, _method("dflash", 1.1, 0.8, 1.5, 8), _method("ddtree_tb32", 1.25, 0.73, 1.80, 8)
     )
     assert line == (
-        "Best: **ddtree_tb32**, ×2.00 vs AR at tau 2.00 — ahead in all 3 passes: its slowest ×1.80 beats dflash's "
-        "fastest ×1.60."
+        "Best: no method is clearly ahead: ddtree_tb32 ×1.25 (0.73–1.80) overlaps dflash ×1.10 (0.80–1.50), "
+        "95 % intervals over 8 prompts."
     )
-    assert best["best.speedup_vs_ar"] == 2.0
-    line, row, best = _what_the_job_says(
-        ar, _method("dflash", 1.9, 1.7, 2.1, 3), _method("ddtree_tb32", 2.0, 1.8, 2.2, 3)
-    )
-    assert line == "Best: no method is clearly ahead over 3 passes: ddtree_tb32 ×1.80–2.20 overlaps dflash ×1.70–2.10."
     assert row == line.removeprefix("Best: ").removesuffix(".")
     assert best == {}  # no best.* figures where no method is named
 
 
+def test_under_five_prompts_nothing_is_crowned_and_the_count_is_said() -> None:
+    line, _, best = _what_the_job_says(
+        _method("ar", 1.0, None, None, 3),
+        _method("dflash", 1.5, None, None, 3),
+        _method("ddtree_tb32", 2.5, None, None, 3),
+    )
+    assert line == "Best: 3 prompts, too few for a 95 % interval (at least 5): no method is crowned."
+    assert best == {}
+    summary = {"ar": {"tau": 1.0, "tokens_per_s": 100.0, "speedup_vs_ar": 1.0, "repetition_share": 0.0, "prompts": 3.0},
+               "dflash": {"tau": 2.0, "tokens_per_s": 150.0, "speedup_vs_ar": 1.5, "repetition_share": 0.0,
+                          "prompts": 3.0}}  # fmt: skip
+    lines = _terminal_summary(summary)
+    assert "3 prompts, too few for a 95 % interval" in lines["dflash"] and "too few" not in lines["ar"]
+    page = plain_markdown(summarize({"methods": [{"scope": k, **v} for k, v in summary.items()]}, "t").markdown)
+    assert "No 95 % intervals: the figures rest on 3 prompts, too few for one (at least 5)." in page
+
+
 def test_a_slowdown_is_never_best_without_saying_it_is_slower_than_ar() -> None:
-    line, row, best = _what_the_job_says(_method("ar", 1.0, 1.0, 1.0, 1), _method("dflash", 0.47, 0.47, 0.47, 1))
+    line, row, best = _what_the_job_says(_method("ar", 1.0, None, None, 8), _method("dflash", 0.47, 0.4, 0.55, 8))
     assert line == (
-        "Best: **dflash**, ×0.47 vs AR at tau 2.00 — slower than AR, as is every drafting method here; one pass per "
-        "prompt (decode.repeats=1): no spread to tell noise from a difference."
+        "Best: **dflash**, ×0.47 vs AR at tau 2.00 — slower than AR, as is every drafting method here; the only "
+        "drafting method."
     )
     assert "slower than AR" in row
     line, _, best = _what_the_job_says(
-        _method("ar", 1.0, 1.0, 1.0, 3), _method("dflash", 0.6, 0.5, 0.7, 3), _method("ddtree_tb32", 0.65, 0.55, 0.8, 3)
+        _method("ar", 1.0, None, None, 8),
+        _method("dflash", 0.6, 0.5, 0.7, 8),
+        _method("ddtree_tb32", 0.65, 0.55, 0.8, 8),
     )
     assert line == (
-        "Best: no method is clearly ahead over 3 passes: ddtree_tb32 ×0.55–0.80 overlaps dflash ×0.50–0.70; every "
-        "drafting method is slower than AR."
+        "Best: no method is clearly ahead: ddtree_tb32 ×0.65 (0.55–0.80) overlaps dflash ×0.60 (0.50–0.70), 95 % "
+        "intervals over 8 prompts; every drafting method is slower than AR."
     )
     assert best == {}
     assert judge({"ar": {"speedup_vs_ar": 1.0}}) is None  # AR alone: nothing to name
@@ -229,6 +244,8 @@ def test_at_temperature_above_zero_the_exactness_columns_are_left_out() -> None:
 
 def test_the_jobs_metrics_lead_with_the_best_then_each_figure_across_methods() -> None:
     summary = {m["scope"]: {k: v for k, v in m.items() if isinstance(v, float)} for m in SUMMARY["methods"]}
+    summary["dflash"].update(speedup_vs_ar_ci_low=2.05, speedup_vs_ar_ci_high=2.29, prompts=8.0)
+    summary["ddtree_tb32"].update(speedup_vs_ar_ci_low=2.31, speedup_vs_ar_ci_high=2.7, prompts=8.0)
     headline, verdict = headline_metrics(summary)
     assert verdict is not None and verdict.best == "ddtree_tb32"
     assert list(headline)[:7] == [  # the order the job's run page lists them in (first logged, first listed)

@@ -146,7 +146,7 @@ def host_line(document: dict[str, Any]) -> str:
     text = f"Host while decoding: {', '.join(parts)} ({load['samples']} samples; System metrics tab)."
     if load.get("busy"):
         share = load.get("busy_share", 25)
-        text = f"**Host busy**: other processes took more than {share:.0f} % of the CPU time: the speeds read low. {text}"
+        text = f"**Host busy**: other processes took over {share:.0f} % of the CPU time: the speeds read low. {text}"
     return text
 
 

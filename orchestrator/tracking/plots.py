@@ -76,13 +76,16 @@ def draw_budget_curve(summary: dict) -> plt.Figure:
     """Left: tau at every budget, estimated from the largest budget's decode, with the tau each real decode
     measured (its 95 % interval over prompts where it has one). Right, where the run measured its node costs:
     tokens/s predicted at every budget beside the measured tokens/s, AR and DFlash as reference lines, the
-    predicted best budget marked."""
+    predicted best budget marked where the run could tell it (the title says why not, where it could not).
+    Third, where the run counted it: the tree's memory at every budget beside each decode's measured peak over
+    AR's."""
     curve = summary["budget_curve"]
     prediction = summary.get("prediction")
     trees = sorted((m for m in summary["methods"] if m["method"] == "ddtree"), key=lambda m: m["tree_budget"])
     reference = {m["method"]: m for m in summary["methods"] if m["method"] in ("ar", "dflash")}
     budgets = list(range(1, len(curve["tau"]) + 1))
-    panels = 2 if prediction else 1
+    memory = (prediction or {}).get("tree_memory_mb") or []
+    panels = 1 + bool(prediction) + bool(memory)
     fig, axes = plt.subplots(1, panels, figsize=(5.8 * panels, 4.4), squeeze=False)
     axis = axes[0][0]
     axis.plot(budgets, curve["tau"], "-", label=f"estimated from {method_label(curve['scope'])}'s rounds")
@@ -99,8 +102,11 @@ def draw_budget_curve(summary: dict) -> plt.Figure:
         axis.plot(prediction["budgets"], prediction["tokens_per_s"], "-", label="predicted (tau / node costs)")
         _measured_points(axis, trees, "tokens_per_s", "measured")
         best = prediction["best_budget"]
-        axis.plot([best], [prediction["best_tokens_per_s"]], "*", markersize=13, color="tab:red",
-                  label=f"predicted best: {best} (×{prediction['best_speedup_vs_ar']:.2f} vs AR)")  # fmt: skip
+        if not prediction.get("cannot_tell"):
+            error = prediction.get("error_worst")
+            within = f", ±{100 * error:.0f} %" if error is not None else ""
+            label = f"predicted best: {best} (×{prediction['best_speedup_vs_ar']:.2f} vs AR{within})"
+            axis.plot([best], [prediction["best_tokens_per_s"]], "*", markersize=13, color="tab:red", label=label)
         if "ar" in reference:
             axis.axhline(reference["ar"]["tokens_per_s"], linestyle=":", color="grey", label="AR, measured")
         if prediction.get("ar_predicted_tokens_per_s"):
@@ -112,19 +118,38 @@ def draw_budget_curve(summary: dict) -> plt.Figure:
         budget_axis(axis, sorted({*ticks, *(m["tree_budget"] for m in trees)}))
         axis.set_ylabel("decode tokens/s")
         title = "tokens/s against budget on this host"
-        if prediction.get("compiled"):
-            title += " (eager costs; the run decoded compiled rounds)"
+        if prediction.get("cannot_tell"):
+            title += "\nno best marked: the prediction cannot tell it"
         axis.set_title(title, fontsize="small")
         # From 0 to a margin over the highest line, error bars included: no reference line on the frame.
         axis.set_ylim(0, TOP_MARGIN * max(_drawn_top(axis), 1e-9))
         # Below the plot, never over a line: the baselines run the whole width, where "best" put it on them.
         axis.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
+    if memory:
+        _memory_panel(
+            axes[0][-1], prediction, trees, reference.get("ar"), sorted({*ticks, *(m["tree_budget"] for m in trees)})
+        )
     fig.suptitle(f"DDTree budgets · {_context(summary)}", fontsize="medium")
     fig.tight_layout()
     return fig
 
 
 TOP_MARGIN = 1.12  # the tokens/s panel's top, over its highest line
+
+
+def _memory_panel(axis: plt.Axes, prediction: dict, trees: list[dict], ar: dict | None, ticks: list[int]) -> None:
+    """The tree's memory at every budget as `tree_memory` counts it (a lower bound), and where the run decoded,
+    each decode's measured peak over AR's (what the tree added, as the peak measure sees it)."""
+    memory = prediction["tree_memory_mb"]
+    axis.plot(prediction["budgets"][: len(memory)], memory, "-", label="tree, counted (lower bound)")
+    if ar is not None and "peak_memory_mb" in ar:
+        decoded = [m for m in trees if "peak_memory_mb" in m]
+        extra = [m["peak_memory_mb"] - ar["peak_memory_mb"] for m in decoded]
+        axis.plot([m["tree_budget"] for m in decoded], extra, "o", color="tab:green", label="peak over AR's, measured")
+    budget_axis(axis, ticks)
+    axis.set_ylabel("MB")
+    axis.set_title("memory a round adds against budget", fontsize="small")
+    axis.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=1, frameon=False)
 
 
 def _drawn_top(axis: plt.Axes) -> float:

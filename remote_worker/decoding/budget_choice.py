@@ -20,7 +20,8 @@ answer is withheld, and the line says why, where the prediction contradicts itse
 - by its own costs no budget is faster than AR;
 - the run measured every drafting method slower than AR, and the costs say otherwise;
 - its worst error at the decoded budgets is larger than the lead that picks the best budget (over the best
-  of the decoded budgets, the answer the run already has).
+  of the decoded budgets, the answer the run already has). AR's error is left out of this one: it moves every
+  budget's speedup alike.
 
 A best budget is chosen among the budgets whose tree fits the device's free memory (`tree_memory`'s count).
 """
@@ -158,7 +159,7 @@ def _decoded(checks: list[Check]) -> str:
 
 def _cannot_tell(
     speeds: dict[int, float], best: int, ar: float, checks: list[Check], costs_kind: str, run_kind: str,
-    drafting_slower: bool,
+    drafting_slower: bool, fits: int,
 ) -> str:  # fmt: skip
     """Why the prediction cannot answer (the module's list, in that order); empty when it can."""
     if costs_kind != run_kind:
@@ -171,15 +172,16 @@ def _cannot_tell(
             f"the run measured every drafting method slower than AR, and its costs predict budget {best} at "
             f"×{speedup:.2f}: they disagree"
         )
-    rivals = [c.budget for c in checks if c.budget not in (0, best)]
-    worst = max(abs(c.error) for c in checks)
+    rivals = [c.budget for c in checks if c.budget not in (0, best) and c.budget <= fits]
+    trees = [abs(c.error) for c in checks if c.budget]  # AR's error moves every budget alike: not the lead
     if rivals:
         rival = max(rivals, key=lambda b: speeds[b])
         lead = speeds[best] / speeds[rival] - 1
-        if worst > lead:
+        if max(trees) > lead:
+            count = len(trees)
             return (
                 f"budget {best} leads budget {rival} (decoded) by {100 * lead:.1f} %, less than the prediction's "
-                f"error (±{100 * worst:.0f} % at {_decoded(checks)})"
+                f"error at the budgets decoded (±{100 * max(trees):.0f} % at {count} budget{'s' * (count != 1)})"
             )
     return ""
 
@@ -235,5 +237,5 @@ def predict(
         run_kind=run_kind,
         tree_memory_mb=memory,
         fits_up_to=fits,
-        cannot_tell=_cannot_tell(speeds, best, ar, checks, costs.kind, run_kind, drafting_slower),
+        cannot_tell=_cannot_tell(speeds, best, ar, checks, costs.kind, run_kind, drafting_slower, fits),
     )

@@ -64,10 +64,10 @@ class RoundTimes:
 
 @dataclass(frozen=True)
 class _Timed:
-    """A round to time: AR (budget 0) or DDTree at a budget, compiled (`fixed`) or the reference round."""
+    """A compiled round to time: AR's (budget 0) or DDTree's at a budget."""
 
     budget: int
-    fixed: FixedRound | None = None
+    fixed: FixedRound
 
     @property
     def nodes(self) -> int:
@@ -79,23 +79,13 @@ class _Timed:
 
 
 class RoundTimeSampler:
-    """Samples of whole rounds at several tree sizes, gathered from one state or several (`measure`), then
-    their figures (`costs`): the run's compiled AR and DDTree rounds (`rounds`, by method scope), or, with
-    `sizes`, the reference round at each size (1: AR's)."""
+    """Samples of the run's compiled AR and DDTree rounds (`rounds`, by method scope), gathered from one state
+    or several (`measure`), then their figures (`costs`)."""
 
-    def __init__(
-        self,
-        target: TargetModel,
-        drafter: Any,
-        rounds: dict[str, FixedRound] | None = None,
-        sizes: list[int] | None = None,
-    ) -> None:
-        if rounds is not None:
-            timed = [_Timed(r.budget if r.method == "ddtree" else 0, r) for r in rounds.values() if r.method != "dflash"]
-            self.kind = "compiled"
-        else:
-            timed = [_Timed(n - 1) for n in sizes or []]
-            self.kind = "eager"
+    kind = "compiled"
+
+    def __init__(self, target: TargetModel, drafter: Any, rounds: dict[str, FixedRound]) -> None:
+        timed = [_Timed(r.budget if r.method == "ddtree" else 0, r) for r in rounds.values() if r.method != "dflash"]
         if not any(t.budget == 0 for t in timed):
             raise ValueError("no AR round to time, which every prediction divides by")
         self.target, self.drafter = target, drafter
