@@ -185,3 +185,20 @@ def test_one_pass_is_not_drawn_as_a_range_over_repeats(tmp_path: Path, monkeypat
     )
     plot_decode_summary(path, tmp_path)
     assert not any("range over repeats" in str(label) for label in ranges), ranges
+
+
+def test_no_best_is_starred_where_the_run_cannot_tell_and_memory_has_its_own_panel() -> None:
+    summary = document()
+    summary["prediction"]["cannot_tell"] = "its costs are of eager rounds, and this run decoded compiled ones"
+    summary["methods"][0]["peak_memory_mb"] = 400.0  # AR's peak
+    summary["methods"][2]["peak_memory_mb"] = 400.5
+    summary["methods"][3]["peak_memory_mb"] = 401.0
+    fig = draw_budget_curve(summary)
+    speed, memory = fig.axes[1], fig.axes[2]
+    assert not [line for line in speed.get_lines() if line.get_label().startswith("predicted best")]
+    assert "cannot tell" in speed.get_title()
+    counted = next(line for line in memory.get_lines() if line.get_label().startswith("tree, counted"))
+    assert list(counted.get_ydata()) == summary["prediction"]["tree_memory_mb"]
+    measured = next(line for line in memory.get_lines() if line.get_label().startswith("peak over AR's"))
+    assert (list(measured.get_xdata()), list(measured.get_ydata())) == ([4, 8], [0.5, 1.0])
+    plt.close(fig)
