@@ -4,14 +4,20 @@ measured tokens/s, all from one comparison (the code a run uses: `comparison`, `
 `budget_choice`).
 
 The node costs are measured in slices between the prompts' decodes, each at that prompt's context halfway
-through its decode, as `experiment=ddtree_gdn` does (`NodeCostSlices`).
+through its decode, as `experiment=ddtree_gdn` does (`NodeCostSlices`). The section runs twice: on the quiet
+machine, and with a second process spinning on one core throughout (`load=True`), where the check must flag
+what it cannot predict rather than mislead.
 
-    .venv/bin/python -m bench.budget_figures    # this section alone (about 3 minutes), JSON then Markdown
+    .venv/bin/python -m bench.budget_figures    # this section alone (about a minute), JSON then Markdown
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -32,13 +38,37 @@ COST_REPEATS = 3  # timed rounds per tree size after each prompt
 FIGURES = ("tau", "tokens_per_s", "speedup_vs_ar")
 
 
+SPIN = "while True: pass"  # the second process of the loaded run: one core kept busy
+
+
+@contextmanager
+def _loaded(load: bool) -> Iterator[None]:
+    """With `load`, a second Python process spinning on one core for the duration of the block."""
+    if not load:
+        yield
+        return
+    spinner = subprocess.Popen([sys.executable, "-c", SPIN])
+    try:
+        yield
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
 def budget_figures(
     name: str = "tiny_trained",
     repeats: int = 3,
     max_new_tokens: int = 64,
     prompts: str | None = "humaneval",
     num_prompts: int = 8,
+    load: bool = False,
 ) -> dict[str, Any]:
+    with _loaded(load):
+        figures = _figures(name, repeats, max_new_tokens, prompts, num_prompts)
+    return {**figures, "loaded": load}
+
+
+def _figures(name: str, repeats: int, max_new_tokens: int, prompts: str | None, num_prompts: int) -> dict[str, Any]:
     target, drafter, tokenizer = _load(name, "cpu", "float32")
     chosen = resolve_prompts(prompts) if prompts else load_prompt_file(model_prompts(_spec(name, "cpu", "float32")))
     ids = [encode(p, tokenizer, target.embed.num_embeddings) for p in chosen[:num_prompts]]
@@ -83,10 +113,12 @@ def budget_figures(
 
 
 def budget_table(figures: dict[str, Any]) -> list[str]:
-    """The curve at the budgets a reader scans, the estimate against the real decodes, and the prediction."""
+    """The curve at the budgets a reader scans, the estimate against the real decodes, and the prediction
+    checked at AR and every decoded budget (each decoded budget predicted without its own rounds)."""
     tau, prediction = figures["tau_at_budget"], figures["prediction"]
     measured = {int(b): m for b, m in figures["measured"].items()}
     predicted = dict(zip(prediction["budgets"], prediction["tokens_per_s"], strict=True))
+    checks = {c["budget"]: c for c in prediction["checks"]}
     shown = sorted({1, 2, *(b for b in (4, 8, 16, 32, 64) if b <= len(tau)), prediction["best_budget"]})
     note = (
         f"{figures['model']}, temperature 0, prompts: {figures['prompts']}, {figures['max_new_tokens']} new tokens, "
@@ -94,28 +126,41 @@ def budget_table(figures: dict[str, Any]) -> list[str]:
         f"{figures['rounds']} rounds of the budget-{len(tau)} decode (at {len(tau)} itself: those rounds); node "
         f"costs measured in whole rounds between the decodes, {figures['cost_repeats']} per tree size after each "
         f"prompt, at {figures['context']} tokens of context on average; predicted tokens/s = tau(b) / (draft "
-        "+ tree(b+1) + verify(b+1) + commit). AR: "
-        f"{figures['ar_tokens_per_s']:.0f} tok/s measured (what the predicted speedup divides by), "
-        f"{prediction['ar_predicted_tokens_per_s']:.0f} predicted."
+        "+ tree(b+1) + verify(b+1) + commit + other), the means of the timed rounds, tau(b) from the smallest "
+        "decoded budget at or above b. The check predicts each decoded budget from the next larger one's rounds."
     )
-    lines = [note, "", "| budget | tau, estimated | tau, measured | estimate − measured | tok/s, predicted "
-             "| tok/s, measured | predicted / measured |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [note, "", "| budget | tau, estimated | tau, measured | tok/s, predicted | checked prediction "
+             "| tok/s, measured | error |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    ar = checks[0]
+    lines.append(f"| AR | | | | {ar['predicted_tokens_per_s']:.0f} | {ar['measured_tokens_per_s']:.0f} "
+                 f"| {100 * ar['error']:+.1f} % |")  # fmt: skip
     for budget in shown:
-        estimate, real, speed = tau[budget - 1], measured.get(budget), predicted.get(budget)
-        cells = [f"{estimate:.2f}", "", "", f"{speed:.0f}" if speed is not None else "", "", ""]
-        if real is not None:
-            cells[1], cells[2] = f"{real['tau']:.2f}", f"{estimate - real['tau']:+.2f}"
-            cells[4] = f"{real['tokens_per_s']:.0f}"
-            cells[5] = f"{speed / real['tokens_per_s']:.2f}" if speed is not None else ""
+        cells = [f"{tau[budget - 1]:.2f}", "", f"{predicted[budget]:.0f}" if budget in predicted else "", "", "", ""]
+        if budget in measured:
+            cells[1] = f"{measured[budget]['tau']:.2f}"
+        if budget in checks:
+            check = checks[budget]
+            cells[3:] = [f"{check['predicted_tokens_per_s']:.0f}", f"{check['measured_tokens_per_s']:.0f}",
+                         f"{100 * check['error']:+.1f} %"]  # fmt: skip
         lines.append(f"| {budget} | " + " | ".join(cells) + " |")
-    return [*lines, "", f"Recommendation: {prediction['line']}."]
+    return [*lines, "", f"Line: {prediction['line']}."]
+
+
+def check_summary(quiet: dict[str, Any], loaded: dict[str, Any]) -> list[str]:
+    """The check's error on the quiet machine and with a second process spinning, side by side."""
+    lines = ["| machine | median error | worst error | the run's line |", "|---|---|---|---|"]
+    for what, figures in (("quiet", quiet), ("one core taken by a second process", loaded)):
+        prediction = figures["prediction"]
+        lines.append(f"| {what} | {100 * prediction['error_median']:.1f} % | {100 * prediction['error_worst']:.1f} % "
+                     f"| {prediction['line']} |")  # fmt: skip
+    return lines
 
 
 def main() -> None:
     torch.set_grad_enabled(False)
-    figures = budget_figures()
-    print(json.dumps(figures, indent=1))
-    print("\n".join(budget_table(figures)))
+    quiet, loaded = budget_figures(), budget_figures(load=True)
+    print(json.dumps({"quiet": quiet, "loaded": loaded}, indent=1))
+    print("\n".join([*budget_table(quiet), "", *budget_table(loaded), "", *check_summary(quiet, loaded)]))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from bench.budget_figures import budget_figures, budget_table
+from bench.budget_figures import budget_figures, budget_table, check_summary
 from bench.compile_depth import compile_depth_figures, compile_depth_table
 from bench.decode_figures import decode_figures, prompt_length_check
 from bench.decode_speed import compare_workers
@@ -222,6 +222,12 @@ def markdown(results: dict) -> str:
         "",
         *budget_table(results["budget"]),
         "",
+        "The same with a second process spinning on one core throughout (the check must flag, not mislead):",
+        "",
+        *budget_table(results["budget_loaded"]),
+        "",
+        *check_summary(results["budget"], results["budget_loaded"]),
+        "",
         "Operations per decode round (counted, so exact: a gate where timings are noise), after a 256-token "
         "prefill on 64-layer models of the real layer pattern at tiny widths (the hybrid is Qwen3.6-27B's: 48 "
         "Gated DeltaNet and 16 attention layers); compute operations as dispatched on the CPU, views and "
@@ -273,6 +279,7 @@ def main() -> None:
         "bf16": [decode_figures(name, 1, dtype="bfloat16", budgets=(16, 64)) for name in PAIRS],
         "prompt_length": prompt_length_check("tiny_trained", args.decode_repeats),
         "budget": budget_figures("tiny_trained", args.decode_repeats),
+        "budget_loaded": budget_figures("tiny_trained", args.decode_repeats, load=True),
         "op_counts": op_count_figures(),
         "speed": compare_workers(args.baseline, args.decode_repeats),
         "compiled": _compiled_runs(),

@@ -5,6 +5,7 @@ Exactness of the fixed rounds' tokens on every model is in the exactness suites 
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -224,6 +225,13 @@ def test_decode_compile_runs_every_method_on_its_fixed_round_and_reports_the_cos
         assert metrics["inexact_trees"] == 0  # a float32 drafter's scores sum exactly
         # warm-up: two decodes; then 2 prompts; every round of every one went through the compiled entry
         assert used.count(f"step {scope.split('_')[0]}") >= 4
+    # The budget answer rests on the rounds the run decoded: its compiled AR and DDTree rounds, timed whole.
+    summary = json.loads((tmp_path / "decode_summary.json").read_text())
+    assert summary["node_costs"]["kind"] == "compiled" and summary["node_costs"]["sizes"] == [1, 5]
+    prediction = summary["prediction"]
+    assert prediction["costs_kind"] == prediction["run_kind"] == "compiled"
+    assert "its costs are of" not in prediction["line"]
+    assert sorted(e.step for e in log if e.kind == "metrics" and "round_cost.round_ms" in e.data) == [1, 5]
 
 
 def test_a_mixture_of_experts_is_on_the_fast_path() -> None:

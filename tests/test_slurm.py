@@ -170,7 +170,7 @@ def test_a_grid_through_slurm_ends_with_every_job_a_finished_child_run(
     assert [j.data.tags["slurm.job_id"] for j in jobs] == [ids[n] for n in range(4)]
     array = ids[0].split("_")[0]
     assert f"submitted 4 jobs to Slurm as array {array}" in result.stdout
-    assert "Sweep summary: FINISHED" in result.stdout and "Fastest: job #" in result.stdout
+    assert "Sweep summary: FINISHED" in result.stdout and "astest: job #" in result.stdout  # or "No clear fastest"
     assert {(j.data.params["model.name"], j.data.params["decode.block_size"]) for j in jobs} == {
         ("tiny_trained", "4"), ("tiny_trained", "8"), ("tiny_trained_dense", "4"), ("tiny_trained_dense", "8"),
     }  # fmt: skip

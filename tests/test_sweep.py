@@ -92,7 +92,7 @@ def test_a_parallel_sweep_is_one_parent_run_with_a_child_per_job(mlflow_server: 
     assert parent.info.run_name.startswith("sweep of model × temperature · 4 jobs · ")
     note = parent.data.tags["mlflow.note.content"].splitlines()
     assert note[0] == "**Sweep FINISHED: 4 of 4 jobs finished** · varies model, temperature"
-    assert note[2].startswith("Fastest: job #") and len(note) == 6 + 4 * 4
+    assert note[2].startswith(("Fastest: job #", "No clear fastest: job #")) and len(note) == 6 + 4 * 4
     assert parent.data.params["grid.model"] == "tiny_hybrid,tiny_dense"
     assert parent.data.params["grid.decode.temperature"] == "0,1"
     assert "job0.ddtree_tb8.tau" in parent.data.metrics

@@ -58,20 +58,55 @@ def description_columns(rows: list[Row]) -> list[tuple[str, Callable[[Row], str]
 
 @dataclass(frozen=True)
 class Fastest:
+    """The drafting method with the highest speedup over AR, and whether it is crowned: only where its 95 %
+    interval over prompts clears the runner-up's (`rival`), as a job's own verdict (`remote_worker.experiments.
+    verdict`); a fastest median alone once crowned a job whose interval, 0.73–1.80, held 1."""
+
     row: Row
+    rival: Row | None = None
+
+    @property
+    def crowned(self) -> bool:
+        if self.rival is None:  # the only drafting method: nothing to clear
+            return True
+        mine, theirs = _interval(self.row), _interval(self.rival)
+        return mine is not None and theirs is not None and mine[0] > theirs[1]
 
     def line(self, names: dict[str, str]) -> str:
-        """`Fastest: job #3 (block_size=8) ddtree_tb32: tau 4.53, ×2.13 vs AR, lossless · one pass per prompt`,
-        with the speedup's 95 % interval over prompts where the run has one: `×2.13 (1.98–2.30) vs AR`."""
+        """`Fastest: job #3 (block_size=8) ddtree_tb32: tau 4.53, ×2.13 (1.98–2.30) vs AR, lossless · clears
+        job #1 dflash (1.10–1.30) · one pass per prompt`, or, where the intervals overlap or are missing, `No
+        clear fastest: …` with the runner-up and why."""
         row = self.row
-        where = ", ".join(f"{names.get(k, k)}={v}" for k, v in row.settings().items())
         figures = [f"tau {row.tau:.2f}" if row.tau is not None else "", f"×{row.speedup_vs_ar:.2f}{_ci(row)} vs AR"]
         if row.lossless is not None:
             figures.append("lossless" if row.lossless == 1 else f"lossless {row.lossless:.2f}")
         passes = "one pass per prompt" if (row.repeats or 1) == 1 else f"median of {row.repeats} passes"
         slower = " (slower than AR)" if row.speedup_vs_ar < 1 else ""
-        job = f"job #{row.job}" + (f" ({where})" if where else "")
-        return f"Fastest: {job} {row.method}: {', '.join(f for f in figures if f)}{slower} · {passes}"
+        lead = f"{_job(row, names)} {row.method}: {', '.join(f for f in figures if f)}{slower}"
+        rival = self.rival
+        if rival is None:
+            return f"Fastest: {lead} · the only drafting method · {passes}"
+        other = f"{_job(rival, names)} {rival.method} ×{rival.speedup_vs_ar:.2f}{_ci(rival)}"
+        if self.crowned:
+            return f"Fastest: {lead} · its interval clears the runner-up's, {other} · {passes}"
+        if _interval(row) is None or _interval(rival) is None:
+            why = f"no 95 % intervals (fewer than {MIN_PROMPTS} prompts) to tell it from the runner-up, {other}"
+        else:
+            why = f"its interval overlaps the runner-up's, {other}"
+        return f"No clear fastest: {lead} · {why} · {passes}"
+
+
+MIN_PROMPTS = 5  # remote_worker.decoding.bootstrap.MIN_PROMPTS: the fewest prompts an interval rests on
+
+
+def _interval(row: Row) -> tuple[float, float] | None:
+    low, high = row.speedup_vs_ar_ci_low, row.speedup_vs_ar_ci_high
+    return None if low is None or high is None else (low, high)
+
+
+def _job(row: Row, names: dict[str, str]) -> str:
+    where = ", ".join(f"{names.get(k, k)}={v}" for k, v in row.settings().items())
+    return f"job #{row.job}" + (f" ({where})" if where else "")
 
 
 def _ci(row: Row) -> str:
@@ -81,10 +116,14 @@ def _ci(row: Row) -> str:
 
 
 def fastest(rows: list[Row]) -> Fastest | None:
-    """The drafting method of a finished job with the highest speedup over AR (None when there is none)."""
+    """The drafting method of a finished job with the highest speedup over AR and its runner-up (None when
+    there is none)."""
     drafting = [r for r in rows if r.kind in ("dflash", "ddtree") and r.speedup_vs_ar is not None]
     finished = [r for r in drafting if r.status == "FINISHED"] or drafting
-    return Fastest(max(finished, key=lambda r: r.speedup_vs_ar or 0.0)) if finished else None
+    ranked = sorted(finished, key=lambda r: r.speedup_vs_ar or 0.0, reverse=True)
+    if not ranked:
+        return None
+    return Fastest(ranked[0], ranked[1] if len(ranked) > 1 else None)
 
 
 def description(rows: list[Row], status: str) -> str:
@@ -124,11 +163,12 @@ def grid_params(rows: list[Row], swept: list[str]) -> dict[str, str]:
 
 
 def job_metrics(rows: list[Row]) -> dict[str, float]:
-    """The fastest's figures under `best.*`, then every job's per method (`job3.ddtree_tb32.speedup_vs_ar`),
-    in that order: MLflow's run page lists metrics as first logged, so the answer leads."""
+    """The crowned fastest's figures under `best.*` (none where no method is crowned), then every job's per
+    method (`job3.ddtree_tb32.speedup_vs_ar`), in that order: MLflow's run page lists metrics as first
+    logged, so the answer leads."""
     metrics: dict[str, float] = {}
     best = fastest(rows)
-    if best is not None:
+    if best is not None and best.crowned:
         for key in ("speedup_vs_ar", "tau", "tokens_per_s"):
             if (value := getattr(best.row, key)) is not None:
                 metrics[f"best.{key}"] = float(value)

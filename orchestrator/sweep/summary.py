@@ -87,7 +87,7 @@ def summarize_sweep(
         RunTag(mlflow_tags.SWEEP_NOT_FINISHED, str(len(failed))),
     ]
     best = fastest(rows)
-    if best is not None:
+    if best is not None and best.crowned:
         run_tags += [
             RunTag(mlflow_tags.BEST_METHOD, best.row.method),
             RunTag(mlflow_tags.SWEEP_BEST_JOB, str(best.row.job)),
