@@ -12,7 +12,14 @@ import pytest
 import torch
 
 from remote_worker.decoding import bootstrap
-from remote_worker.decoding.bootstrap import percentiles, ratio, resampled_sums, speedup_interval, tau_interval
+from remote_worker.decoding.bootstrap import (
+    MIN_PROMPTS,
+    percentiles,
+    ratio,
+    resampled_sums,
+    speedup_interval,
+    tau_interval,
+)
 
 pytestmark = pytest.mark.worker
 
@@ -92,11 +99,14 @@ def test_identical_prompts_give_a_zero_width_interval_at_the_figure() -> None:
     assert (interval.low, interval.high) == pytest.approx((2.5, 2.5), rel=1e-12)
 
 
-def test_fewer_than_two_prompts_have_no_interval() -> None:
+def test_fewer_than_five_prompts_have_no_interval() -> None:
+    """Two prompts give three distinct resampled sums, four give 35: a "95 % interval" of so few values reads far
+    narrower than the spread it stands for, so none is given (`MIN_PROMPTS`)."""
     assert tau_interval([], []) is None and tau_interval([12], [4]) is None
     assert speedup_interval([], [], [], []) is None
     assert speedup_interval([[10]], [[1.0]], [[10]], [[2.0]]) is None
-    assert tau_interval([12, 8], [4, 4]) is not None  # two prompts: an interval (a wide one)
+    assert tau_interval([12, 8, 9, 11], [4, 4, 3, 5]) is None
+    assert MIN_PROMPTS == 5 and tau_interval([12, 8, 9, 11, 10], [4, 4, 3, 5, 4]) is not None
 
 
 def test_pairing_cancels_the_difficulty_both_methods_share() -> None:

@@ -148,7 +148,8 @@ def lengths(accepted: int, tokens: int = 12) -> list[int]:
 
 # Per prompt: AR's seconds, DFlash's and DDTree's share of them, and their accepted tokens a round. The prompts
 # differ in difficulty (AR's time) and in how well they draft; the second pass is 20 % slower for every method.
-PROMPTS = ((1.0, 0.5, 0.3, 1, 3), (3.0, 0.6, 0.4, 2, 2), (0.5, 0.4, 0.25, 1, 5), (2.0, 0.55, 0.35, 3, 3))
+PROMPTS = ((1.0, 0.5, 0.3, 1, 3), (3.0, 0.6, 0.4, 2, 2), (0.5, 0.4, 0.25, 1, 5), (2.0, 0.55, 0.35, 3, 3),
+           (1.5, 0.45, 0.32, 2, 4))  # fmt: skip
 PASSES = (1.0, 1.2)
 
 
@@ -184,9 +185,12 @@ def test_tau_and_the_speedups_have_a_bootstrap_interval_over_prompts() -> None:
     assert _compare(PROMPTS, methods_for([8])) == metrics  # the same run, the same intervals
 
 
-def test_one_prompt_has_no_interval_and_without_dflash_no_ratio_to_it() -> None:
+def test_under_five_prompts_have_no_interval_and_without_dflash_no_ratio_to_it() -> None:
     one = _compare(PROMPTS[:1], methods_for([8]))
     assert not any("_ci_" in key for figures in one.values() for key in figures)  # no spread to resample
+    four = _compare(PROMPTS[:4], methods_for([8]))
+    assert not any("_ci_" in key for figures in four.values() for key in figures)  # too few for a 95 % interval
+    assert four["ddtree_tb8"]["prompts"] == 4
     assert one["ddtree_tb8"]["speedup_vs_dflash"] == pytest.approx(0.5 / 0.3)
     alone = _compare(PROMPTS, [Method("ar", "ar"), Method("ddtree_tb8", "ddtree", 8)])
     assert "speedup_vs_dflash" not in alone["ddtree_tb8"] and "tau_ci_low" in alone["ddtree_tb8"]

@@ -270,14 +270,10 @@ def test_decode_sweep_lands_as_child_runs(mlflow_server: MlflowServer, job_paths
             assert (f"{scope}.{key}" in metrics) != by_definition, (scope, key)
     note = plain_markdown(tags["mlflow.note.content"])
     assert "| ddtree_tb32 |" in note and note.startswith("**DDTree-")  # the answer before the table
-    if "best.method" in tags:  # two repeats: a method is named only when ahead in both passes
-        assert tags["best.method"] in ("dflash", "ddtree_tb4", "ddtree_tb32")
-        assert "in all 2 passes" in tags["best.basis"]
-        assert metrics["best.speedup_vs_ar"] == metrics[f"{tags['best.method']}.speedup_vs_ar"]
-        assert f"\n\nBest: **{tags['best.method']}**, ×" in note
-    else:
-        assert tags["best.basis"].startswith("no method is clearly ahead over 2 passes: ")
-        assert f"\n\nBest: {tags['best.basis']}.\n" in note and "best.speedup_vs_ar" not in metrics
+    # two prompts: no 95 % interval, so nothing is crowned, and the basis says why
+    assert "best.method" not in tags and "best.speedup_vs_ar" not in metrics
+    assert tags["best.basis"].endswith("2 prompts, too few for a 95 % interval (at least 5): no method is crowned")
+    assert f"\n\nBest: {tags['best.basis']}.\n" in note
     assert re.fullmatch(r"\d\d-\d\d \d\d:\d\d · tiny_trained T=0", run.info.run_name), run.info.run_name
     assert {"summary.md", "summary.csv", "generations_table.json", "worker_log.txt"} <= {
         a.path for a in client.list_artifacts(run_id)
