@@ -222,7 +222,7 @@ def markdown(results: dict) -> str:
         "",
         *budget_table(results["budget"]),
         "",
-        "The same with a second process spinning on one core throughout (the check must flag, not mislead):",
+        "The same with a second process busy half the time on one core (the check must flag, not mislead):",
         "",
         *budget_table(results["budget_loaded"]),
         "",
