@@ -92,7 +92,7 @@ def test_the_description_says_which_budget_to_use_before_the_tables() -> None:
         "| estimate − measured |  |  | +0.10 |  | +0.00 |",
         "| tok/s, predicted | 300 | 340 | 370 | 378 | 350 |",
         "| tok/s, measured |  |  | 324 |  | 310 |",
-        "| prediction error |  |  | +2% |  | +13% |",
+        "| prediction error (held out) |  |  | +2% |  | +13% |",
         "| tree memory, counted MB | 0.01 | 0.02 | 0.04 | 0.06 | 0.08 |",
     ]
     assert lines[start].endswith(

@@ -66,7 +66,7 @@ def budget_markdown(document: dict[str, Any]) -> list[str]:
     if prediction:
         figures += [("tok/s, predicted", "predicted_tokens_per_s", "{:.0f}"),
                     ("tok/s, measured", "tokens_per_s", "{:.0f}"),
-                    ("prediction error", "prediction_error", "{:+.0%}")]  # fmt: skip
+                    ("prediction error (held out)", "prediction_error", "{:+.0%}")]  # fmt: skip
         lines[0] += "; " + _prediction_note(prediction)
     if any(r["tree_memory_mb"] is not None for r in picked):
         figures.append(("tree memory, counted MB", "tree_memory_mb", "{:.3g}"))

@@ -126,9 +126,8 @@ def draw_budget_curve(summary: dict) -> plt.Figure:
         # Below the plot, never over a line: the baselines run the whole width, where "best" put it on them.
         axis.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
     if memory:
-        _memory_panel(
-            axes[0][-1], prediction, trees, reference.get("ar"), sorted({*ticks, *(m["tree_budget"] for m in trees)})
-        )
+        ticks = sorted({*ticks, *(m["tree_budget"] for m in trees)})
+        _memory_panel(axes[0][-1], prediction, trees, reference.get("ar"), ticks, str(summary.get("device", "")))
     fig.suptitle(f"DDTree budgets · {_context(summary)}", fontsize="medium")
     fig.tight_layout()
     return fig
@@ -137,15 +136,19 @@ def draw_budget_curve(summary: dict) -> plt.Figure:
 TOP_MARGIN = 1.12  # the tokens/s panel's top, over its highest line
 
 
-def _memory_panel(axis: plt.Axes, prediction: dict, trees: list[dict], ar: dict | None, ticks: list[int]) -> None:
+def _memory_panel(
+    axis: plt.Axes, prediction: dict, trees: list[dict], ar: dict | None, ticks: list[int], device: str
+) -> None:
     """The tree's memory at every budget as `tree_memory` counts it (a lower bound), and where the run decoded,
-    each decode's measured peak over AR's (what the tree added, as the peak measure sees it)."""
+    each decode's measured peak over AR's (what the tree added, as the peak measure sees it: on a CPU the
+    process's peak resident size, in which the allocator's reuse of freed memory hides a small tree)."""
     memory = prediction["tree_memory_mb"]
     axis.plot(prediction["budgets"][: len(memory)], memory, "-", label="tree, counted (lower bound)")
     if ar is not None and "peak_memory_mb" in ar:
         decoded = [m for m in trees if "peak_memory_mb" in m]
         extra = [m["peak_memory_mb"] - ar["peak_memory_mb"] for m in decoded]
-        axis.plot([m["tree_budget"] for m in decoded], extra, "o", color="tab:green", label="peak over AR's, measured")
+        label = "peak over AR's, measured" + (" (process resident size)" if device.startswith("cpu") else "")
+        axis.plot([m["tree_budget"] for m in decoded], extra, "o", color="tab:green", label=label)
     budget_axis(axis, ticks)
     axis.set_ylabel("MB")
     axis.set_title("memory a round adds against budget", fontsize="small")
