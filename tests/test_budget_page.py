@@ -96,8 +96,9 @@ def test_the_description_says_which_budget_to_use_before_the_tables() -> None:
         "| tree memory, counted MB | 0.01 | 0.02 | 0.04 | 0.06 | 0.08 |",
     ]
     assert lines[start].endswith(
-        "tok/s predicted from the eager rounds' costs measured between the prompts; AR 270 tok/s measured, 280 "
-        "predicted (+4%); each decoded budget's prediction made without its own rounds"
+        "tok/s predicted from the eager rounds' costs measured between the prompts, with tau from the rounds of the "
+        "smallest decoded budget at or above each; AR 270 tok/s measured, 280 predicted (+4%); each decoded "
+        "budget's prediction made without its own rounds"
     )
 
 

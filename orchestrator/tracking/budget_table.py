@@ -80,7 +80,8 @@ def _prediction_note(prediction: dict[str, Any]) -> str:
     """Where the predicted speeds come from and how they were checked, in one sentence."""
     ar = next((c for c in prediction.get("checks") or [] if c["budget"] == 0), None)
     kind = prediction.get("costs_kind", "eager")
-    text = f"tok/s predicted from the {kind} rounds' costs measured between the prompts"
+    text = (f"tok/s predicted from the {kind} rounds' costs measured between the prompts, with tau from the "
+            "rounds of the smallest decoded budget at or above each")  # fmt: skip
     if ar is not None:
         text += (f"; AR {ar['measured_tokens_per_s']:.0f} tok/s measured, {ar['predicted_tokens_per_s']:.0f} predicted "
                  f"({ar['error']:+.0%})")  # fmt: skip
