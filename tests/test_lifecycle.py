@@ -234,6 +234,19 @@ def test_a_silent_worker_is_said_to_be_alive(tmp_path: Path, tracking: FakeTrack
     assert "no event from the worker for" in out and "it is alive (pid 4242)" in out
 
 
+def test_a_worker_that_only_samples_its_host_is_still_silent(tmp_path: Path, tracking: FakeTracking) -> None:
+    """A hung decode still sends its host's load every few seconds: those samples are no sign of work, so the
+    silence line still comes, and every sample still reaches MLflow's system metrics."""
+    lines = decode_log(rounds=2)
+    samples = [event_line(0, "metrics", {"system/cpu_utilization_percentage": 99.0}, step=i) for i in range(300)]
+    host = FakeHost(FakeWorker(renumber([*lines[:2], *samples, *lines[2:]])))
+    code, out = run(job_config(tmp_path, "orchestrator.stall_warning_s=0.05"), host)
+    assert code == 0, out
+    assert "no event from the worker for" in out and "it is alive (pid 4242)" in out
+    (run_,) = [r for r in tracking.runs.values() if tags.PARENT_RUN_ID not in r.tags]
+    assert len(run_.history()["system/cpu_utilization_percentage"]) == 300
+
+
 def test_a_silent_worker_is_mentioned_within_a_minute_then_as_the_silence_doubles(tmp_path: Path) -> None:
     # The default config's first line, on a clock that moves one second each time the orchestrator looks
     # (a status and a read per poll): a worker silent for 17 minutes (a large checkpoint loading), then talking.

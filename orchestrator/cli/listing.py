@@ -228,7 +228,7 @@ def read_log_report(transport: Transport, run_dir: str) -> LogReport:
     events, _cut_first_line, _ = parse_chunk(transport.read_bytes(path, start, LOG_TAIL_BYTES), start)
     tau = _tau(_last(events, "metrics", "best.tau"), _last(events, "tags", tags.BEST_METHOD))
     end = next((event for event in reversed(events) if event.kind == "end"), None)
-    last = max((event.t for event in events), default=None)
+    last = max((event.t for event in events if not event.host_sample), default=None)
     return LogReport(_progress(events), tau, end.t if end is not None else None, last)
 
 

@@ -164,17 +164,20 @@ class Follower:
         self._said_waiting = False
         self._silence = Silence(settings.stall_warning_s, self._started_at)
 
-    def pull(self) -> int:
-        """Copy new bytes from the host, show the new events; connection errors propagate."""
+    def pull(self) -> bool:
+        """Copy new bytes from the host, show the new events; connection errors propagate. True when the worker
+        said something other than its host's load (`Event.host_sample`, which comes whatever the work does: a
+        hung decode's samples must not hide its silence, nor spare it the status check)."""
         added = self.mirror.pull(self.transport)
         events, bad = self.mirror.scan()
         for line in bad:
             self.live.note(f"[yellow]event log: malformed line at byte {line.offset} skipped ({line.reason})[/yellow]")
         for event in events:
             self.live.show(event)
-        if added:
+        news = bool(bad) or any(not event.host_sample for event in events)
+        if news:
             self._silence.heard(self.clock())
-        return added
+        return bool(added) and news
 
     def run(self) -> WorkerStatus:
         """Follow until the worker is gone; return its final status (every byte it wrote is mirrored)."""

@@ -24,6 +24,9 @@ class ProtocolError(RuntimeError):
     """The event log broke the protocol (bad JSON, unknown kind, a gap in `seq`)."""
 
 
+HOST_SAMPLE_PREFIX = "system/"  # MLflow's system metrics: what the worker's host sampler sends
+
+
 @dataclass(frozen=True)
 class Event:
     seq: int
@@ -36,6 +39,19 @@ class Event:
     @property
     def timestamp_ms(self) -> int:
         return int(self.t * 1000)
+
+    @property
+    def host_sample(self) -> bool:
+        """The worker's sample of its host (`remote_worker.host_load`: metrics under `system/` alone). It comes
+        every few seconds whatever the work does, so it is no sign that the work goes on: the silence lines
+        and `list`'s quiet column leave it out, or a hung decode would look busy."""
+        data = self.data
+        return (
+            self.kind == "metrics"
+            and isinstance(data, dict)
+            and bool(data)
+            and all(str(key).startswith(HOST_SAMPLE_PREFIX) for key in data)
+        )
 
 
 def progress_text(data: dict[str, Any]) -> str:
