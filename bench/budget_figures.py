@@ -137,7 +137,8 @@ def budget_table(figures: dict[str, Any]) -> list[str]:
         f"costs measured in whole rounds between the decodes, {figures['cost_repeats']} per tree size after each "
         f"prompt, at {figures['context']} tokens of context on average; predicted tokens/s = tau(b) / (draft "
         "+ tree(b+1) + verify(b+1) + commit + other), the means of the timed rounds, tau(b) from the smallest "
-        "decoded budget at or above b. The check predicts each decoded budget from the next larger one's rounds."
+        "decoded budget at or above b. The check predicts each decoded budget from the next larger one's rounds "
+        "(the largest from its own)."
     )
     lines = [note, "", "| budget | tau, estimated | tau, measured | tok/s, predicted | checked prediction "
              "| tok/s, measured | error |", "|---|---|---|---|---|---|---|"]  # fmt: skip

@@ -3,7 +3,8 @@ system-metric names (`system/cpu_utilization_percentage`, `system/gpu_0_memory_u
 run page's System metrics tab shows the GPU box the worker ran on, not the machine the orchestrator ran on.
 
 CPU and memory come from the standard library and /proc (Linux); the GPUs from `nvidia-smi` where it is
-installed, the ones `CUDA_VISIBLE_DEVICES` leaves the worker, numbered as torch numbers them. Two figures are
+installed: the ones `CUDA_VISIBLE_DEVICES` leaves the worker where it lists indices, in `nvidia-smi`'s order
+(torch's where they ascend; with UUIDs or MIG devices there, every GPU of the host). Two figures are
 ours, beside MLflow's: `system/load_average` (one minute) and `system/other_processes_cpu_percentage`, the
 share of the host's CPU time that other processes took: a speed measured while they took much of it is not
 the host's speed, and the decode experiment's page says so (`LoadSummary.busy`).
@@ -152,12 +153,14 @@ class HostSampler:
         counters = None
         step = 0
         while True:
-            metrics, counters = sample(counters)
-            if metrics:
-                self.kept.append((time.time(), metrics))
-                with contextlib.suppress(Exception):  # a closed log at the very end: nothing more to say
+            try:
+                metrics, counters = sample(counters)
+                if metrics:
+                    self.kept.append((time.time(), metrics))
                     self.log.emit("metrics", metrics, step=step)
-                step += 1
+                    step += 1
+            except Exception:  # noqa: BLE001 - a sample that fails (an odd /proc, a closed log) is skipped, not fatal
+                counters = None
             if self._stop.wait(self.every_s):
                 return
 

@@ -98,13 +98,15 @@ def test_compiled_rounds_with_eager_costs_withhold_the_answer() -> None:
 
 
 def test_compiled_rounds_timed_whole_answer_for_a_compiled_run() -> None:
-    """AR's compiled round 2.5 ms at 1 node, budget 2's 4.5 ms and budget 4's 5.5 ms: linear between them."""
+    """AR's compiled round 2.5 ms at 1 node, budget 2's 4.5 ms and budget 4's 5.5 ms: linear between the two
+    DDTree rounds, and below budget 2 along the same line (4.0 ms at budget 1), not towards AR's round, which
+    has no draft."""
     timed = RoundTimes(sizes=[1, 3, 5], rounds=[flat(2.5), flat(4.5), flat(5.5)], repeats=1, device="cpu",
                        context=100)  # fmt: skip
     prediction = answer(costs=timed, run_kind="compiled")
     assert prediction.costs_kind == "compiled" and prediction.told
     assert prediction.tokens_per_s == pytest.approx(
-        [1000 * 2 / 3.5, 1000 * 3 / 4.5, 1000 * 3.5 / 5.0, 1000 * 3.6 / 5.5]
+        [1000 * 2 / 4.0, 1000 * 3 / 4.5, 1000 * 3.5 / 5.0, 1000 * 3.6 / 5.5]
     )
     assert prediction.ar_predicted_tokens_per_s == pytest.approx(400.0)
 

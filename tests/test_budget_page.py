@@ -98,7 +98,7 @@ def test_the_description_says_which_budget_to_use_before_the_tables() -> None:
     assert lines[start].endswith(
         "tok/s predicted from the eager rounds' costs measured between the prompts, with tau from the rounds of the "
         "smallest decoded budget at or above each; AR 270 tok/s measured, 280 predicted (+4%); each decoded "
-        "budget's prediction made without its own rounds"
+        "budget's prediction made without its own rounds (the largest's: with them)"
     )
 
 

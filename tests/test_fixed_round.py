@@ -263,3 +263,30 @@ def test_the_device_hash_is_lowbias32_and_its_draws_are_uniform() -> None:
     assert not torch.equal(draws[0], draws[1]) and not torch.equal(draws[0], draws[2])
     assert torch.equal(draws[0], counter_uniform(torch.tensor(7), torch.tensor(0), 33, 61))
     assert kstest(torch.cat([d.flatten() for d in draws]).numpy(), "uniform").pvalue > 1e-4
+
+
+def test_a_compiled_run_above_temperature_zero_times_its_own_rounds(tmp_path, monkeypatch) -> None:
+    """The round-cost slices of a compiled run decode with the rounds the run compiled, at the run's
+    temperature (a round compiled for T = 1 refuses a T = 0 decode): the budget answer rests on them."""
+    from omegaconf import OmegaConf
+
+    from orchestrator import CONF_DIR
+    from remote_worker.events import EventLog
+    from remote_worker.experiments.ddtree_gdn import run_ddtree_gdn
+    from remote_worker.spec import parse_spec
+
+    monkeypatch.setattr(FixedRound, "compile", lambda self, mode=None: None)  # the eager step, as compiled
+    monkeypatch.setattr(FixedPrefill, "compile", lambda self, mode=None: None)
+    model = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / "tiny_hybrid.yaml"))
+    raw = {
+        "run_id": "t",
+        "run_dir": str(tmp_path),
+        "seed": 0,
+        "experiment": {"name": "ddtree_gdn", "num_prompts": 2},
+        "model": {**model, "device": "cpu"},
+        "decode": {"max_new_tokens": 1, "tree_budgets": [4], "compile": True, "temperature": 1.0},
+    }
+    run_ddtree_gdn(parse_spec(raw, tmp_path), EventLog(tmp_path))
+    summary = json.loads((tmp_path / "decode_summary.json").read_text())
+    assert summary["node_costs"]["kind"] == "compiled" and summary["node_costs"]["sizes"] == [1, 5]
+    assert summary["prediction"]["run_kind"] == "compiled"

@@ -67,8 +67,8 @@ class Fastest:
 
     @property
     def crowned(self) -> bool:
-        if self.rival is None:  # the only drafting method: nothing to clear
-            return True
+        if self.rival is None:  # the only drafting method: crowned on an interval, as a job's verdict crowns
+            return _interval(self.row) is not None
         mine, theirs = _interval(self.row), _interval(self.rival)
         return mine is not None and theirs is not None and mine[0] > theirs[1]
 
@@ -85,7 +85,9 @@ class Fastest:
         lead = f"{_job(row, names)} {row.method}: {', '.join(f for f in figures if f)}{slower}"
         rival = self.rival
         if rival is None:
-            return f"Fastest: {lead} · the only drafting method · {passes}"
+            if self.crowned:
+                return f"Fastest: {lead} · the only drafting method · {passes}"
+            return f"No clear fastest: {lead} · the only drafting method, with no 95 % interval · {passes}"
         other = f"{_job(rival, names)} {rival.method} ×{rival.speedup_vs_ar:.2f}{_ci(rival)}"
         if self.crowned:
             return f"Fastest: {lead} · its interval clears the runner-up's, {other} · {passes}"

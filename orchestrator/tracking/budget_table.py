@@ -85,7 +85,7 @@ def _prediction_note(prediction: dict[str, Any]) -> str:
     if ar is not None:
         text += (f"; AR {ar['measured_tokens_per_s']:.0f} tok/s measured, {ar['predicted_tokens_per_s']:.0f} predicted "
                  f"({ar['error']:+.0%})")  # fmt: skip
-    return text + "; each decoded budget's prediction made without its own rounds"
+    return text + "; each decoded budget's prediction made without its own rounds (the largest's: with them)"
 
 
 def budget_line(document: dict[str, Any]) -> str:

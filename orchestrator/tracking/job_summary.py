@@ -174,8 +174,9 @@ def answer(methods: list[dict[str, Any]]) -> str:
 
 def best_line(methods: list[dict[str, Any]], best: dict[str, Any]) -> str:
     """The worker's verdict (`best` in decode_summary.json): the method it names, with the basis that says how
-    far to trust it (one pass, ahead in every pass, slower than AR), or, where it names none, why (`no method
-    is clearly ahead …`). Empty for a summary written before the worker judged."""
+    far to trust it (its interval clears the runner-up's, slower than AR), or, where it names none, why (`no
+    method is clearly ahead …`, too few prompts for an interval). Empty for a summary written before the
+    worker judged."""
     chosen = next((m for m in methods if best.get("scope") and m.get("scope") == best["scope"]), None)
     basis = str(best.get("basis") or "")
     if chosen is None:

@@ -41,7 +41,7 @@ PROGRESS = "progress"
 NOTE = "mlflow.note.content"  # the run's description in the MLflow UI (Markdown)
 BEST_METHOD = "best.method"
 BEST_TREE_BUDGET = "best.tree_budget"
-BEST_BASIS = "best.basis"  # how sure the best is: one pass, ahead in every pass, or not clearly ahead
+BEST_BASIS = "best.basis"  # how sure the best is: its interval clears the runner-up's, or why none is named
 
 # The orchestrator's own bookkeeping: where the stream stands, who follows the run.
 SCOPE = "orchestrator.scope"

@@ -11,9 +11,9 @@ they were measured scales both; AR's measured speed is kept beside it as a measu
 `budget_curve.nearest_tau`: from the rounds of the smallest decoded budget at or above b.
 
 **The check.** At every budget the run decoded, the prediction made without that decode's rounds
-(`held_out_tau`) is set against the measured tokens/s, and AR's predicted speed against AR's measured:
-`error_median` and `error_worst` (relative), over AR and the decoded budgets, since a speedup's error is
-theirs together. The
+(`held_out_tau`; the largest decoded budget has none larger, so its own) is set against the measured
+tokens/s, and AR's predicted speed against AR's measured: `error_median` and `error_worst` (relative), over
+AR and the decoded budgets, since a speedup's error is theirs together. The
 answer is withheld, and the line says why, where the prediction contradicts itself or the run:
 
 - its costs describe other rounds than the run decoded (eager costs, compiled decodes);
@@ -98,7 +98,7 @@ class Prediction:
 
     @property
     def error_median(self) -> float:
-        """The median relative error over the decoded budgets, in absolute value."""
+        """The median relative error over AR and the decoded budgets, in absolute value."""
         return statistics.median(abs(c.error) for c in self.checks)
 
     @property
@@ -203,12 +203,16 @@ def predict(
     hold (either may be None: nothing known)."""
     if ar_tokens_per_s <= 0:
         raise ValueError(f"AR's measured speed must be positive, not {ar_tokens_per_s}")
+    if any(m.tokens_per_s <= 0 for m in measured):
+        raise ValueError("a decoded budget's measured speed is 0: nothing to check the prediction with")
     largest = min(len(tau), costs.largest_budget)
     if largest < 1:
         raise ValueError("no budget is covered by both the tau curve and the costs")
     budgets = list(range(1, largest + 1))
     speeds = {b: 1000 * tau[b - 1] / costs.round_ms(b) for b in budgets}
     memory = list(tree_memory_mb or [])[:largest]
+    if memory and len(memory) < largest:
+        raise ValueError(f"tree memory for {len(memory)} budgets, the prediction covers {largest}")
     fits = largest
     if free_mb is not None and memory:
         fitting = [b for b in budgets if memory[b - 1] <= free_mb]

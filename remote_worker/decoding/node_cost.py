@@ -175,6 +175,7 @@ class NodeCosts:
         """JSON-able (for node_costs.json and decode_summary.json); `from_record` reads it back."""
         record = asdict(self)
         record["spread"] = SPREAD  # what low_ms and high_ms are
+        record["kind"] = self.kind
         return record
 
     @classmethod

@@ -6,9 +6,9 @@ timed whole, as the run decodes it.
 A sample is a short decode (`loop.decode_from` with the compiled round) from a state the run's decodes are in
 (a prompt and half its new tokens, as `node_cost`'s slices): its seconds over its rounds. The decode
 experiment takes a slice after some of its prompts, so these samples see the machine as the decodes around
-them did. `RoundTimes.round_ms(b)` is linear in nodes between the sizes compiled, as `NodeCosts.round_ms` is
-between the sizes measured, and answers budgets up to the largest compiled: the run compiles no round for
-the budgets between, so nothing else about them is known.
+them did. `RoundTimes.round_ms(b)` is linear in nodes between the DDTree sizes compiled, as
+`NodeCosts.round_ms` is between the sizes measured, and answers budgets up to the largest compiled: the run
+compiles no round for the budgets between, so nothing else about them is known.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
+
+import torch
 
 from remote_worker.decoding.fixed_round import FixedRound
 from remote_worker.decoding.loop import Prefill, decode_from
@@ -50,10 +52,19 @@ class RoundTimes:
         return self.sizes[-1] - 1
 
     def round_ms(self, budget: int) -> float:
-        """A DDTree round of `budget`, linear in nodes between the compiled sizes around budget + 1."""
+        """A DDTree round of `budget`, linear in nodes between the compiled DDTree sizes around budget + 1.
+        AR's round is not one end of that line: it has no draft, which every DDTree round pays whatever its
+        tree. Below the smallest compiled budget the line through the two smallest is extended (one DDTree
+        size: that size's cost), never below AR's round."""
         if not 1 <= budget <= self.largest_budget:
             raise ValueError(f"budget {budget} is outside the compiled rounds' 1–{self.largest_budget}")
-        return interpolate(self.sizes, self.rounds, budget + 1)
+        sizes, rounds, nodes = self.sizes[1:], self.rounds[1:], budget + 1
+        if nodes >= sizes[0]:
+            return interpolate(sizes, rounds, nodes)
+        if len(sizes) == 1:
+            return rounds[0].average_ms
+        slope = (rounds[1].average_ms - rounds[0].average_ms) / (sizes[1] - sizes[0])
+        return max(rounds[0].average_ms - slope * (sizes[0] - nodes), self.ar_round_ms())
 
     def ar_round_ms(self) -> float:
         return self.rounds[0].average_ms
@@ -101,9 +112,12 @@ class RoundTimeSampler:
         self.contexts.append(start.cache.length)
         for done, fixed in enumerate(self.rounds):
             for attempt in range(repeats + 1):
+                temperature = fixed.fixed.temperature  # the round was compiled for the run's temperature
+                generator = torch.Generator(self.target.device).manual_seed(attempt) if temperature > 0 else None
                 result = decode_from(
                     self.target, start, method=fixed.method, max_new_tokens=tokens,
                     drafter=self.drafter if fixed.budget else None, budget=fixed.budget, rounds=fixed.fixed,
+                    temperature=temperature, generator=generator,
                 )  # fmt: skip
                 if attempt and result.rounds:
                     self.samples[fixed.nodes].append(1000 * result.decode_seconds / result.rounds)

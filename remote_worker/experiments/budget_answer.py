@@ -51,6 +51,7 @@ class NodeCostSlices:
     points: set[int]  # prompt indices after which a slice is measured
     repeats: int
     half: int  # half the new tokens: where an average round of a decode verifies
+    tokens: int  # new tokens a compiled slice decodes from there: the rest, so it fits the rounds' capacity
 
     @classmethod
     def of(
@@ -73,7 +74,8 @@ class NodeCostSlices:
         else:
             largest = max(budgets)
             sampler = NodeCostSampler(target, drafter, node_cost_sizes(largest, cap=largest + 1))
-        return cls(sampler, points, repeats, max(settings.max_new_tokens // 2, 1))
+        half = settings.max_new_tokens // 2
+        return cls(sampler, points, repeats, half, max(settings.max_new_tokens - half, 1))
 
     def after(self, index: int, ids: torch.Tensor, log: EventLog) -> None:
         """A slice after prompt `index` (its token ids), when it is one of the points."""
@@ -88,7 +90,7 @@ class NodeCostSlices:
 
         start = prefill(sampler.target, context_tokens(ids, len(ids) - 1 + self.half), sampler.drafter)
         if isinstance(sampler, RoundTimeSampler):
-            sampler.measure(start, self.half, self.repeats, progress)
+            sampler.measure(start, self.tokens, self.repeats, progress)
         else:
             sampler.measure(start, self.repeats, warmup=1, progress=progress)
 
@@ -171,7 +173,7 @@ def emit_budget_curves(
             log.emit("metrics", metrics, step=step)
     elif isinstance(costs, RoundTimes):
         for size, cost in zip(costs.sizes, costs.rounds, strict=True):
-            log.emit("metrics", {"round_cost.round_ms": cost.median_ms}, step=size)
+            log.emit("metrics", {"round_cost.round_ms": cost.average_ms}, step=size)  # the mean: what predicts
     if prediction is not None:
         for index, budget in enumerate(prediction.budgets):
             figures = {"predicted_tokens_per_s": prediction.tokens_per_s[index]}
