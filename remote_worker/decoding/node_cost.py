@@ -74,8 +74,8 @@ class StageCost:
 
     A round's cost (`NodeCosts.round_ms`) adds the means: a decode's tokens/s is its tokens over its total
     time, a ratio of sums, and the sum of calls is their count times their mean. On a host whose other
-    processes stall a call now and then (a 2-core machine, torch's threads on both) the median leaves the
-    stalls out, and predicted speeds from it ran 5–20 % above the decodes they predicted."""
+    processes stall a call now and then (a 2-core machine, torch's threads on both) the decode's total pays
+    every stall, where a median leaves them out."""
 
     median_ms: float
     low_ms: float

@@ -221,9 +221,10 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
 
 def _warm_up(target: TargetModel, drafter: Any, prompt: torch.Tensor, methods: list[Method]) -> None:
     """Every method decodes a few tokens of the first prompt, untimed, before any clock: a process's first
-    decodes pay for what it sets up once (the allocator's pools, the first calls into each kernel). Without it
-    the first prompt's DDTree rounds ran 20–50 % slower than the rest, on the prompt with the most rounds,
-    and the job's figures with them. Compiled rounds warm up as they compile."""
+    decodes can pay for what it sets up once (the allocator's pools, the first call into each kernel; on CUDA
+    its handles and module loads). On the trained pair on a CPU the effect was small and irregular: two runs
+    without it put the first prompt's rounds 0 to 28 % above the others'. Compiled rounds warm up as they
+    compile."""
     run_prompt(target, drafter, prompt[:32], methods, Settings(8), index=0)
 
 
