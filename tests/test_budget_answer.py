@@ -13,6 +13,8 @@ from remote_worker.decoding.round_times import RoundTimes
 PREDICTED = {"best.predicted_budget", "best.predicted_speedup_vs_ar", "best.predicted_tokens_per_s"}
 CHECKED = {"budget.prediction_error", "budget.prediction_error_worst"}
 
+pytestmark = pytest.mark.worker  # the worker's own logic: run under the oldest transformers too
+
 
 def flat(ms: float) -> StageCost:
     return StageCost(ms, ms, ms)
