@@ -22,6 +22,7 @@ from remote_worker.decoding.tree_build import best_first_tree, chain_tree
 from remote_worker.models.dflash import build_draft
 from remote_worker.models.target import TargetModel
 from remote_worker.op_count import count_operations
+from tests import specs
 from tests.tiny_models import model_spec, random_prompt, tiny
 
 pytestmark = pytest.mark.worker
@@ -179,9 +180,6 @@ def test_decode_compile_runs_every_method_on_its_fixed_round_and_reports_the_cos
     and the job reports compile_s and recompiles. The compiler itself is replaced by the eager round here
     (compiling five rounds takes minutes on a CPU; `test_the_compiled_round_is_one_graph_compiled_once` and
     `make bench` compile for real)."""
-    from omegaconf import OmegaConf
-
-    from orchestrator import CONF_DIR
     from orchestrator.stream.events import split_events
     from remote_worker.events import EventLog
     from remote_worker.experiments.ddtree_gdn import run_ddtree_gdn
@@ -203,15 +201,8 @@ def test_decode_compile_runs_every_method_on_its_fixed_round_and_reports_the_cos
 
     monkeypatch.setattr(FixedRound, "compile", eager)
     monkeypatch.setattr(FixedPrefill, "compile", eager_prefill)
-    model = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / "tiny_hybrid.yaml"))
-    raw = {
-        "run_id": "t",
-        "run_dir": str(tmp_path),
-        "seed": 0,
-        "experiment": {"name": "ddtree_gdn", "num_prompts": 2},
-        "model": {**model, "device": "cpu"},
-        "decode": {"max_new_tokens": 12, "tree_budgets": [4], "compile": True},
-    }
+    raw = specs.decode_spec(tmp_path, num_prompts=2, model={"device": "cpu"}, max_new_tokens=12, tree_budgets=[4],
+                            compile=True)  # fmt: skip
     run_ddtree_gdn(parse_spec(raw, tmp_path), EventLog(tmp_path))
     assert [u for u in used if not u.startswith("step")] == ["prefill", "ar", "dflash", "ddtree"]
     log = split_events((tmp_path / "events.jsonl").read_bytes())[0]
@@ -268,24 +259,14 @@ def test_the_device_hash_is_lowbias32_and_its_draws_are_uniform() -> None:
 def test_a_compiled_run_above_temperature_zero_times_its_own_rounds(tmp_path, monkeypatch) -> None:
     """The round-cost slices of a compiled run decode with the rounds the run compiled, at the run's
     temperature (a round compiled for T = 1 refuses a T = 0 decode): the budget answer rests on them."""
-    from omegaconf import OmegaConf
-
-    from orchestrator import CONF_DIR
     from remote_worker.events import EventLog
     from remote_worker.experiments.ddtree_gdn import run_ddtree_gdn
     from remote_worker.spec import parse_spec
 
     monkeypatch.setattr(FixedRound, "compile", lambda self, mode=None: None)  # the eager step, as compiled
     monkeypatch.setattr(FixedPrefill, "compile", lambda self, mode=None: None)
-    model = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / "tiny_hybrid.yaml"))
-    raw = {
-        "run_id": "t",
-        "run_dir": str(tmp_path),
-        "seed": 0,
-        "experiment": {"name": "ddtree_gdn", "num_prompts": 2},
-        "model": {**model, "device": "cpu"},
-        "decode": {"max_new_tokens": 1, "tree_budgets": [4], "compile": True, "temperature": 1.0},
-    }
+    raw = specs.decode_spec(tmp_path, num_prompts=2, model={"device": "cpu"}, max_new_tokens=1, tree_budgets=[4],
+                            compile=True, temperature=1.0)  # fmt: skip
     run_ddtree_gdn(parse_spec(raw, tmp_path), EventLog(tmp_path))
     summary = json.loads((tmp_path / "decode_summary.json").read_text())
     assert summary["node_costs"]["kind"] == "compiled" and summary["node_costs"]["sizes"] == [1, 5]

@@ -12,9 +12,7 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
-from omegaconf import OmegaConf
 
-from orchestrator import CONF_DIR
 from orchestrator.host.local import LocalTransport
 from orchestrator.stream.events import split_events
 from orchestrator.stream.sink import MlflowSink
@@ -23,6 +21,7 @@ from orchestrator.tracking.job_summary import summarize
 from remote_worker.events import EVENTS_FILE, EventLog
 from remote_worker.experiments.ddtree_gdn import SUMMARY_FILE, run_ddtree_gdn
 from remote_worker.spec import parse_spec
+from tests import specs
 
 
 @pytest.fixture(scope="module")
@@ -31,15 +30,8 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[MlflowClient, str, di
     root = tmp_path_factory.mktemp("job")
     run_dir = root / "run"
     run_dir.mkdir()
-    model = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / "tiny_hybrid.yaml"))
-    raw = {
-        "run_id": "t",
-        "run_dir": str(run_dir),
-        "seed": 0,
-        "experiment": {"name": "ddtree_gdn", "num_prompts": 1},
-        "model": {**model, "device": "cpu"},
-        "decode": {"max_new_tokens": 12, "tree_budgets": [4], "compile": False},
-    }
+    raw = specs.decode_spec(run_dir, num_prompts=1, model={"device": "cpu"}, max_new_tokens=12, tree_budgets=[4],
+                            compile=False)  # fmt: skip
     log = EventLog(run_dir)
     terminal = run_ddtree_gdn(parse_spec(raw, run_dir), log)
     log.close()

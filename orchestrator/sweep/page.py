@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from orchestrator.sweep.rows import INTERVALS, Row, short_names, varying_keys
 from orchestrator.tracking.job_summary import SPEEDUP_CI, TAU_CI, VS_DFLASH, cell
 from orchestrator.tracking.markdown_table import markdown_table
+from remote_worker.decoding.bootstrap import MIN_PROMPTS
 from remote_worker.decoding.comparison import AR_BY_DEFINITION
 
 # The per-method figures each job contributes to the parent's metrics: `job3.ddtree_tb32.speedup_vs_ar`, and
@@ -98,9 +99,6 @@ class Fastest:
         return f"No clear fastest: {lead} · {why} · {passes}"
 
 
-MIN_PROMPTS = 5  # remote_worker.decoding.bootstrap.MIN_PROMPTS: the fewest prompts an interval rests on
-
-
 def _interval(row: Row) -> tuple[float, float] | None:
     low, high = row.speedup_vs_ar_ci_low, row.speedup_vs_ar_ci_high
     return None if low is None or high is None else (low, high)
@@ -113,8 +111,8 @@ def _job(row: Row, names: dict[str, str]) -> str:
 
 def _ci(row: Row) -> str:
     """` (2.10–2.50)`: the speedup's 95 % interval over prompts, where the run has one."""
-    low, high = row.speedup_vs_ar_ci_low, row.speedup_vs_ar_ci_high
-    return "" if low is None or high is None else f" ({low:.2f}–{high:.2f})"
+    interval = _interval(row)
+    return "" if interval is None else f" ({interval[0]:.2f}–{interval[1]:.2f})"
 
 
 def fastest(rows: list[Row]) -> Fastest | None:

@@ -73,22 +73,6 @@ class RoundTimes:
         return {**asdict(self), "spread": SPREAD}
 
 
-@dataclass(frozen=True)
-class _Timed:
-    """A compiled round to time: AR's (budget 0) or DDTree's at a budget."""
-
-    budget: int
-    fixed: FixedRound
-
-    @property
-    def nodes(self) -> int:
-        return self.budget + 1
-
-    @property
-    def method(self) -> str:
-        return "ddtree" if self.budget else "ar"
-
-
 class RoundTimeSampler:
     """Samples of the run's compiled AR and DDTree rounds (`rounds`, by method scope), gathered from one state
     or several (`measure`), then their figures (`costs`)."""
@@ -96,12 +80,12 @@ class RoundTimeSampler:
     kind = "compiled"
 
     def __init__(self, target: TargetModel, drafter: Any, rounds: dict[str, FixedRound]) -> None:
-        timed = [_Timed(r.budget if r.method == "ddtree" else 0, r) for r in rounds.values() if r.method != "dflash"]
-        if not any(t.budget == 0 for t in timed):
+        timed = [r for r in rounds.values() if r.method in ("ar", "ddtree")]  # AR's round: budget 0, one node
+        if not any(r.method == "ar" for r in timed):
             raise ValueError("no AR round to time, which every prediction divides by")
         self.target, self.drafter = target, drafter
-        self.rounds = sorted(timed, key=lambda t: t.nodes)
-        self.samples: dict[int, list[float]] = {t.nodes: [] for t in self.rounds}
+        self.rounds = sorted(timed, key=lambda r: r.nodes)
+        self.samples: dict[int, list[float]] = {r.nodes: [] for r in self.rounds}
         self.contexts: list[int] = []
 
     def measure(self, start: Prefill, tokens: int, repeats: int, progress: Progress | None = None) -> None:
@@ -112,11 +96,11 @@ class RoundTimeSampler:
         self.contexts.append(start.cache.length)
         for done, fixed in enumerate(self.rounds):
             for attempt in range(repeats + 1):
-                temperature = fixed.fixed.temperature  # the round was compiled for the run's temperature
+                temperature = fixed.temperature  # the round was compiled for the run's temperature
                 generator = torch.Generator(self.target.device).manual_seed(attempt) if temperature > 0 else None
                 result = decode_from(
                     self.target, start, method=fixed.method, max_new_tokens=tokens,
-                    drafter=self.drafter if fixed.budget else None, budget=fixed.budget, rounds=fixed.fixed,
+                    drafter=self.drafter if fixed.drafting else None, budget=fixed.budget, rounds=fixed,
                     temperature=temperature, generator=generator,
                 )  # fmt: skip
                 if attempt and result.rounds:
