@@ -32,16 +32,15 @@ GPU_QUERY = "utilization.gpu,memory.used,memory.total,power.draw,power.limit"
 MB = 1 << 20
 
 
-def _cpu_ticks() -> tuple[float, float] | None:
-    """(busy, total) CPU seconds of the whole host since boot, summed over its CPUs; None off Linux."""
+def _cpu_ticks() -> tuple[int, int] | None:
+    """(busy, total) clock ticks of the whole host since boot, summed over its CPUs; None off Linux. Whole
+    ticks, so that busy over total, both differences of integers, is never above 1 by a rounding."""
     try:
         fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
     except (OSError, IndexError):
         return None
-    ticks = [float(v) for v in fields[:8]]  # user nice system idle iowait irq softirq steal
-    per_second = os.sysconf("SC_CLK_TCK")
-    idle = ticks[3] + ticks[4]
-    return (sum(ticks) - idle) / per_second, sum(ticks) / per_second
+    ticks = [int(v) for v in fields[:8]]  # user nice system idle iowait irq softirq steal
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
 
 
 def _memory_mb() -> tuple[float, float] | None:
@@ -80,9 +79,12 @@ def _gpus() -> list[dict[str, float]]:
     return gpus
 
 
-def sample(previous: tuple[float, float, float] | None) -> tuple[dict[str, float], tuple[float, float, float] | None]:
+Counters = tuple[int, int, float]  # the host's busy and total clock ticks, this process's CPU seconds
+
+
+def sample(previous: Counters | None) -> tuple[dict[str, float], Counters | None]:
     """One sample's metrics (MLflow's names, see the module) and the CPU counters the next sample's rates are
-    taken against: (host busy, host total, this process's CPU seconds)."""
+    taken against."""
     metrics: dict[str, float] = {}
     ticks = _cpu_ticks()
     mine = sum(os.times()[:2])  # this process, every thread: user + system seconds
@@ -91,7 +93,8 @@ def sample(previous: tuple[float, float, float] | None) -> tuple[dict[str, float
         total = counters[1] - previous[1]
         busy = counters[0] - previous[0]
         metrics["system/cpu_utilization_percentage"] = 100 * busy / total
-        metrics["system/other_processes_cpu_percentage"] = max(0.0, 100 * (busy - (mine - previous[2])) / total)
+        own = (mine - previous[2]) * os.sysconf("SC_CLK_TCK")  # this process's share, in ticks
+        metrics["system/other_processes_cpu_percentage"] = max(0.0, 100 * (busy - own) / total)
     with contextlib.suppress(OSError):
         metrics["system/load_average"] = os.getloadavg()[0]
     memory = _memory_mb()
