@@ -34,6 +34,10 @@ MB = 1 << 20
 # Prompts after which the costs are measured (evenly spaced), at most: enough samples to see the machine as
 # the decodes do, without costing a long prompt set a measurement per prompt.
 NODE_COST_POINTS = 8
+# New tokens per sample of a compiled round: a few rounds each (AR's 8, a DDTree's 2–3), so that a slice costs
+# about what an eager slice does, not the decode again (half of 64 tokens × 6 samples × every method was
+# three times the decode of 8 prompts); at most the rest of the new tokens, which the rounds' capacity holds.
+SAMPLE_TOKENS = 8
 
 
 @dataclass
@@ -51,7 +55,7 @@ class NodeCostSlices:
     points: set[int]  # prompt indices after which a slice is measured
     repeats: int
     half: int  # half the new tokens: where an average round of a decode verifies
-    tokens: int  # new tokens a compiled slice decodes from there: the rest, so it fits the rounds' capacity
+    tokens: int  # new tokens each compiled sample decodes from there (`SAMPLE_TOKENS`, within the rest)
 
     @classmethod
     def of(
@@ -75,7 +79,7 @@ class NodeCostSlices:
             largest = max(budgets)
             sampler = NodeCostSampler(target, drafter, node_cost_sizes(largest, cap=largest + 1))
         half = settings.max_new_tokens // 2
-        return cls(sampler, points, repeats, half, max(settings.max_new_tokens - half, 1))
+        return cls(sampler, points, repeats, half, max(min(settings.max_new_tokens - half, SAMPLE_TOKENS), 1))
 
     def after(self, index: int, ids: torch.Tensor, log: EventLog) -> None:
         """A slice after prompt `index` (its token ids), when it is one of the points."""
