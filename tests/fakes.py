@@ -106,6 +106,7 @@ class FakeHost:
         self.stay_down = False  # reconnect fails too
         self.on_look: Callable[[FakeHost], None] = lambda host: None
         self.looks = 0
+        self.foreign_uid = 0  # non-zero: the pid file names another user's process (a decoy)
 
     # -- the worker --------------------------------------------------------------------------------------
 
@@ -188,6 +189,8 @@ class FakeHost:
                 out = "\n".join(sorted({p[len(prefix) :].split("/")[0] for p in self.files if p.startswith(prefix)}))
             elif script == "size":  # the byte size of the file $1 (0 when it is missing)
                 out = f"{len(self.files.get(argv[4], b''))}\n"
+            elif script == "run-facts":  # $1 the work folder, $2 the run id (see orchestrator/host/proof.py)
+                out = self._facts(posixpath.join(argv[4], "runs", argv[5]), argv[5])
             elif script == "workdir-check":
                 out = "checked /\nfree_kib 100000000\nwritable\n"
             else:
@@ -215,14 +218,41 @@ class FakeHost:
             return "missing"  # never launched here (a worker that starts writes its pid at once)
         return "unstarted" if self.files.get(posixpath.join(self.run_dir, "stderr.log")) else "starting"
 
+    def _facts(self, run_dir: str, run_id: str) -> str:
+        """What the host shows of the run's folder and its worker: the fake's own folder and worker are the
+        run's (a test that wants a decoy sets `foreign`)."""
+        if not any(p.startswith(run_dir + "/") for p in self.files):
+            return "folder missing\n"
+        lines = ["me 1000", "folder 1000 700", "spec_time 1700000000"]
+        if posixpath.join(run_dir, "pid") in self.files:
+            pid = self.worker.pid
+            lines.append(f"pid {pid}")
+            if self.worker.state == "running":
+                lines.append(f"proc {self.foreign_uid or 1000} {pid} {pid} 1700000001")
+                lines += ["carries"] * (not self.foreign_uid)
+        return "\n".join(lines) + "\n"
+
     def read_bytes(self, path: str, offset: int, limit: int) -> bytes:
         self._check()
         self._look()
         return self.files.get(path, b"")[offset : offset + limit]
 
-    def write_file(self, path: str, data: bytes, mode: int) -> None:
+    def file_size(self, path: str) -> int | None:
         self._check()
+        return len(self.files[path]) if path in self.files else None
+
+    def write_file(self, path: str, data: bytes, mode: int, *, exclusive: bool = False) -> None:
+        self._check()
+        if exclusive and path in self.files:
+            raise FileExistsError(path)
         self.files[path] = data
+
+    def create_file(self, path: str, data: bytes, mode: int) -> bool:
+        self._check()
+        if path in self.files:
+            return False
+        self.files[path] = data
+        return True
 
     def make_dirs(self, path: str, mode: int) -> None:
         self._check()

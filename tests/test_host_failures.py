@@ -262,9 +262,9 @@ class FakeSSH(LocalTransport):
         self.commands.append(argv)
         return super().run([*self.prefix, *argv], env=env, check=check)
 
-    def write_file(self, path: str, data: bytes, mode: int) -> None:
+    def write_file(self, path: str, data: bytes, mode: int, *, exclusive: bool = False) -> None:
         if self.fail_write is None:
-            return super().write_file(path, data, mode)
+            return super().write_file(path, data, mode, exclusive=exclusive)
         with open(path, "wb") as f:
             f.write(data[: len(data) // 2])
         raise self.fail_write
@@ -456,7 +456,7 @@ def test_an_interrupted_copy_removes_its_part(tmp_path: Path, interrupt: BaseExc
 def test_a_failed_untar_removes_its_part_and_names_the_work_dir(tmp_path: Path) -> None:
     workdir = tmp_path / "remote"
     transport = FakeSSH()
-    transport.write_file = lambda path, data, mode: Path(path).write_bytes(b"not a tar")  # type: ignore[method-assign]
+    transport.write_file = lambda path, data, mode, **_: Path(path).write_bytes(b"not a tar")  # type: ignore[method-assign]
     with pytest.raises(SyncFailed) as failed:
         sync_code(transport, str(workdir), root=worker_tree(tmp_path / "tree"), method="tar")
     message = str(failed.value)
@@ -547,7 +547,7 @@ def test_an_interrupted_sftp_write_drops_the_connection_instead_of_waiting(tmp_p
     transport._sftp = sftp  # type: ignore[assignment]
     started = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
-        transport.write_file("/x", b"z" * (5 << 20), 0o600)
+        transport.sftp_write("/w/x", b"z" * (5 << 20), 0o600)  # what write_file sends its bytes through
     assert time.monotonic() - started < 2
     assert file.chunks == [1 << 20, 1 << 20], "written in 1 MiB chunks"
     assert not file.closed and sftp.closed and transport._sftp is None

@@ -23,9 +23,10 @@ import yaml
 
 from orchestrator import PROJECT_ROOT
 from orchestrator.config.validation import ConfigError
-from orchestrator.host.launch import EXIT_CODE_FILE, LEASE_FILE, start_worker, write_spec
+from orchestrator.host.launch import start_worker, write_spec
 from orchestrator.host.leases import Leases, ProbeFailed, parse_probe, probe_leases
 from orchestrator.host.local import LocalTransport
+from orchestrator.host.run_folder import EXIT_CODE_FILE, LEASE_FILE
 from orchestrator.sweep.host_pool import POLL_S, HostUnreachable, Turns, choose_host, waiting_line
 from tests.conftest import MlflowServer, run_orchestrator
 from tests.sshd import SSHServer

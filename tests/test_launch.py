@@ -14,19 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.host.launch import (
-    ENV_FILE,
-    EXIT_CODE_FILE,
-    LEASE_FILE,
-    PID_FILE,
-    SPEC_FILE,
-    start_worker,
-    stop_worker,
-    wait_for_start,
-    worker_status,
-    write_spec,
-)
+from orchestrator.host.launch import start_worker, stop_worker, wait_for_start, write_spec
 from orchestrator.host.local import LocalTransport
+from orchestrator.host.run_folder import ENV_FILE, EXIT_CODE_FILE, LEASE_FILE, PID_FILE, SPEC_FILE, worker_status
 from orchestrator.host.sync import remove_abandoned_parts
 from orchestrator.host.transport import CommandResult
 from tests.conftest import group_alive
@@ -40,6 +30,15 @@ def fake_python(tmp_path: Path, body: str) -> str:
     script.write_text(f"#!/bin/sh\n{body}\n")
     script.chmod(0o755)
     return str(script)
+
+
+def new_run(tmp_path: Path, host: LocalTransport = transport, name: str = "run") -> Path:
+    """A run folder in the real layout (`<work folder>/runs/<run id>/`) with a spec naming its run id: what
+    `stop_worker` proves before it signals anything."""
+    run_id = uuid.uuid5(uuid.NAMESPACE_URL, str(tmp_path / name)).hex
+    run_dir = tmp_path / "work" / "runs" / run_id
+    write_spec(host, str(run_dir), {"run_id": run_id})
+    return run_dir
 
 
 def wait_until(predicate, timeout: float = 10.0) -> bool:
@@ -59,8 +58,7 @@ def test_spec_and_run_dir_are_private(tmp_path: Path) -> None:
 
 
 def test_exit_code_and_arguments_are_recorded(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    write_spec(transport, str(run_dir), {})
+    run_dir = new_run(tmp_path)
     python = fake_python(tmp_path, 'echo "$@" > args; echo "$PYTHONPATH $EXTRA" > env; exit 3')
     start_worker(transport, str(run_dir), python, "/code/dir", {"EXTRA": "x y"})
     assert wait_until(lambda: (run_dir / EXIT_CODE_FILE).exists())
@@ -83,8 +81,7 @@ def test_shell_syntax_in_paths_and_env_is_taken_literally(tmp_path: Path) -> Non
 
 
 def test_worker_survives_in_its_own_session_and_stop_kills_the_group(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    write_spec(transport, str(run_dir), {})
+    run_dir = new_run(tmp_path)
     # Ignores SIGTERM, so only the SIGKILL after the grace period can end it; `sleep` is a child in its group.
     python = fake_python(tmp_path, "trap '' TERM; sleep 60 & wait; sleep 60")
     start_worker(transport, str(run_dir), python, "/code", {})
@@ -99,8 +96,7 @@ def test_worker_survives_in_its_own_session_and_stop_kills_the_group(tmp_path: P
 
 
 def test_a_group_killed_outright_is_reported_as_vanished(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    write_spec(transport, str(run_dir), {})
+    run_dir = new_run(tmp_path)
     start_worker(transport, str(run_dir), fake_python(tmp_path, "sleep 60"), "/code", {})
     status = wait_for_start(transport, str(run_dir))
     pgid = int((run_dir / PID_FILE).read_text())
@@ -122,9 +118,8 @@ def assert_never_shared(intervals: list[tuple[str, float, float]]) -> None:
 def test_gpu_leases_are_never_shared_and_a_third_job_waits(tmp_path: Path) -> None:
     """Two GPU slots, three jobs at once: each job holds one slot for its whole life; the third waits."""
     python = fake_python(tmp_path, 'echo "$CUDA_VISIBLE_DEVICES $(date +%s.%N)" > used; sleep 1.5; date +%s.%N >> used')
-    run_dirs = [tmp_path / f"run{i}" for i in range(3)]
+    run_dirs = [new_run(tmp_path, name=f"run{i}") for i in range(3)]
     for run_dir in run_dirs:
-        write_spec(transport, str(run_dir), {})
         start_worker(transport, str(run_dir), python, "/code", {}, gpus=[0, 1], locks_dir=str(tmp_path / "locks"))
     saw_waiting = wait_until(lambda: any(worker_status(transport, str(d)).state == "waiting" for d in run_dirs))
     assert all(wait_until(lambda d=d: (d / EXIT_CODE_FILE).exists(), timeout=30) for d in run_dirs)
@@ -159,8 +154,7 @@ def command_lines_holding(secret: str) -> list[str]:
 
 def test_the_workers_environment_is_in_no_process_list_nor_left_on_disk(tmp_path: Path) -> None:
     secret = f"hf_{uuid.uuid4().hex}"
-    run_dir = tmp_path / "run"
-    write_spec(transport, str(run_dir), {})
+    run_dir = new_run(tmp_path)
     python = fake_python(tmp_path, 'echo "$HF_TOKEN|$OTHER" > seen; sleep 30')
     start_worker(transport, str(run_dir), python, "/code", {"HF_TOKEN": secret, "OTHER": "a b"})
     try:
@@ -186,15 +180,18 @@ class RecordingTransport(LocalTransport):
         self.commands.append(list(argv))
         return super().run(argv, env=env, check=check)
 
-    def write_file(self, path: str, data: bytes, mode: int) -> None:
+    def write_file(self, path: str, data: bytes, mode: int, *, exclusive: bool = False) -> None:
         self.files[path] = (data, mode)
-        super().write_file(path, data, mode)
+        super().write_file(path, data, mode, exclusive=exclusive)
+
+    def create_file(self, path: str, data: bytes, mode: int) -> bool:
+        self.files[path] = (data, mode)
+        return super().create_file(path, data, mode)
 
 
 def test_the_environment_travels_as_a_private_file_not_a_command_line(tmp_path: Path) -> None:
     recording = RecordingTransport()
-    run_dir = tmp_path / "run"
-    write_spec(recording, str(run_dir), {})
+    run_dir = new_run(tmp_path, recording)
     secret = f"pw'; echo {uuid.uuid4().hex}"
     start_worker(recording, str(run_dir), fake_python(tmp_path, "exit 0"), "/code dir", {"DB_PASSWORD": secret})
     assert wait_until(lambda: (run_dir / EXIT_CODE_FILE).exists())
@@ -213,12 +210,11 @@ def test_a_name_that_is_not_a_variable_name_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_worker_whose_environment_file_is_gone_does_not_run(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    write_spec(transport, str(run_dir), {})
+    run_dir = new_run(tmp_path)
 
     class NoFile(LocalTransport):
-        def write_file(self, path: str, data: bytes, mode: int) -> None:
-            return None
+        def create_file(self, path: str, data: bytes, mode: int) -> bool:
+            return True  # said written, and gone before the supervisor looks
 
     start_worker(NoFile(), str(run_dir), fake_python(tmp_path, "touch ran"), "/code", {"HF_TOKEN": "x"})
     assert wait_until(lambda: (run_dir / EXIT_CODE_FILE).exists())
@@ -235,8 +231,8 @@ def test_over_ssh_the_environment_travels_by_sftp_and_stays_out_of_ps(sshd, tmp_
     ssh = SSHTransport(sshd.host_config(tmp_path / "remote"))
     ssh.open()
     try:
-        run_dir = tmp_path / "remote" / "runs" / "r1"
-        write_spec(ssh, str(run_dir), {})
+        run_dir = tmp_path / "remote" / "runs" / ("1f" * 16)
+        write_spec(ssh, str(run_dir), {"run_id": "1f" * 16})
         python = fake_python(tmp_path, 'echo "$HF_TOKEN" > seen; sleep 30')
         start_worker(ssh, str(run_dir), python, "/code", {"HF_TOKEN": secret})
         assert wait_until(lambda: (run_dir / "seen").exists())

@@ -10,8 +10,9 @@ import pytest
 import requests
 from mlflow.exceptions import MlflowException, RestException
 
-from orchestrator.host.launch import EXIT_CODE_FILE, start_worker, stop_worker, worker_status, write_spec
+from orchestrator.host.launch import start_worker, stop_worker, write_spec
 from orchestrator.host.local import LocalTransport
+from orchestrator.host.run_folder import EXIT_CODE_FILE, worker_status
 from orchestrator.stream.mirror import EventMirror
 from orchestrator.tracking.client import is_outage, short_reason
 from tests.fakes import FakeHost, FakeWorker, decode_log

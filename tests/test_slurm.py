@@ -17,7 +17,7 @@ import pytest
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from orchestrator.host.launch import PID_FILE
+from orchestrator.host.run_folder import PID_FILE
 from tests.conftest import MlflowServer, group_alive, run_orchestrator, start_orchestrator
 from tests.slurm import SlurmCluster
 

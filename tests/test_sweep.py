@@ -20,7 +20,7 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from orchestrator import PROJECT_ROOT
-from orchestrator.host.launch import LEASE_FILE, PID_FILE
+from orchestrator.host.run_folder import LEASE_FILE, PID_FILE
 from tests.conftest import MlflowServer, group_alive, run_orchestrator, start_orchestrator
 from tests.sshd import SSHServer
 from tests.test_launch import assert_never_shared

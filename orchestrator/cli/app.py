@@ -34,7 +34,8 @@ from orchestrator.config.redaction import redact_hydra_outputs, redact_text
 from orchestrator.config.settings import Command, JobConfig
 from orchestrator.config.validation import ConfigError, validate
 from orchestrator.host.connect import transport_for
-from orchestrator.host.launch import WorkerStatus, run_dir_for, stop_worker, worker_status
+from orchestrator.host.launch import stop_worker
+from orchestrator.host.run_folder import WorkerStatus, run_dir_for, worker_status
 from orchestrator.host.transport import CONNECTION_ERRORS, Transport
 from orchestrator.lifecycle.display import LiveProgress, summary_table
 from orchestrator.lifecycle.errors import HostLost, Interrupted, LocalFailure, PhaseFailed

@@ -20,7 +20,7 @@ from rich.table import Table
 
 from orchestrator.config.settings import JobConfig
 from orchestrator.config.validation import ConfigError
-from orchestrator.host.launch import STDERR_FILE, WorkerStatus, worker_status
+from orchestrator.host.run_folder import STDERR_FILE, WorkerStatus, worker_status
 from orchestrator.host.transport import Transport
 from orchestrator.stream.events import EVENTS_FILE, Event, parse_chunk, progress_text
 from orchestrator.tracking import tags

@@ -5,7 +5,7 @@ cancel mark read as a cancel with no reason, a job's record read as bad JSON). E
 here: into a temporary file of the same folder, then renamed onto its name (`os.replace`, atomic within one
 file system, shared storage included). A reader takes a missing file as "not yet", never as an error.
 
-The shell scripts run on a host do the same with `sh_write_whole` (a `.part.$$` file, then `mv -f`).
+The shell scripts run on a host do the same with `sh_write_whole` (a `.part.$$` file, then `mv -fT`).
 """
 
 from __future__ import annotations
@@ -67,6 +67,19 @@ def read_whole(path: Path) -> str | None:
 def sh_write_whole(value: str, name: str, scratch: str = "") -> str:
     """A shell command that puts `value` (shell words, expanded) into the file `name` whole: written to
     `scratch` (by default `name.part.<pid>`; give one that the folder's readers' globs do not match) first,
-    then renamed. `name` and `scratch` are fixed names of ours or quoted expansions, in one folder."""
+    then renamed. `name` and `scratch` are fixed names of ours or quoted expansions, in one folder.
+
+    The scratch file is created exclusively and without following a link (`dd conv=excl oflag=nofollow`),
+    and `mv -T` replaces whatever entry `name` is (a link included) instead of writing into a folder it names:
+    no planted link turns the write into one elsewhere (`remote_worker/safe_files.py`'s rules, in shell)."""
     scratch = scratch or f"{name}.part.$$"
-    return f"{{ echo {value} > {scratch} && mv -f {scratch} {name}; }}"
+    return (
+        f"{{ rm -f {scratch}; echo {value} | dd of={scratch} conv=excl oflag=nofollow status=none && "
+        f"mv -fT {scratch} {name}; }}"
+    )
+
+
+def sh_read(name: str) -> str:
+    """A shell command that prints the regular file `name` (a fixed name of ours or a quoted expansion) without
+    following a link, nothing when it is missing or not one."""
+    return f"dd if={name} iflag=nofollow,nonblock status=none 2>/dev/null"

@@ -12,4 +12,4 @@ def transport_for(host: HostConfig) -> Transport:
     """An SSH host's Fabric connection (not yet opened), or this machine."""
     if host.ssh is not None:
         return SSHTransport(host)
-    return LocalTransport(host.name)
+    return LocalTransport(host.name, host.workdir)

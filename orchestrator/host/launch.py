@@ -13,23 +13,28 @@ import re
 import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.config.handover import sh_write_whole
+from orchestrator.config.handover import sh_read, sh_write_whole
 from orchestrator.host.leases import CLAIM_SCRATCH, RESERVED, TAKEN
-from orchestrator.host.transport import Transport
+from orchestrator.host.proof import NotProven, prove_worker
+from orchestrator.host.run_folder import (
+    CANCELLED_FILE,
+    ENV_FILE,
+    EXIT_CODE_FILE,
+    LEASE_FILE,
+    PID_FILE,
+    SPEC_FILE,
+    STDERR_FILE,
+    STDOUT_FILE,
+    WAITING_FILE,
+    WORKER_MARK,
+    WorkerStatus,
+    worker_status,
+)
+from orchestrator.host.transport import Transport, UnsafePath
 from remote_worker.prompt_set import RUN_PROMPTS_FILE
 
-SPEC_FILE = "spec.json"
-PID_FILE = "pid"
-EXIT_CODE_FILE = "exit_code"
-LEASE_FILE = "gpu_lease"  # "<gpu index> <unix time the lease began>[ <unix time the worker ended>]"
-WAITING_FILE = "waiting_for_gpu"
-CANCELLED_FILE = "cancelled"  # stopped before it had a pid: the supervisor exits as soon as it starts
-ENV_FILE = "worker.env"  # the worker's variables, read and deleted by the supervisor before anything else
-STDOUT_FILE = "stdout.log"
-STDERR_FILE = "stderr.log"
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 # Fixed scripts: every value reaches them as a positional argument, never spliced into the text.
@@ -48,11 +53,12 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # echo saw an empty pid and called a live worker vanished.
 _WRITE_WAITING = sh_write_whole('"$gpus"', WAITING_FILE)
 _WRITE_LEASE = sh_write_whole('"$lease $(date +%s.%N)"', LEASE_FILE)
-_WRITE_LEASE_END = sh_write_whole(f'"$(cat {LEASE_FILE}) $(date +%s.%N)"', LEASE_FILE)
+_WRITE_LEASE_END = sh_write_whole(f'"$({sh_read(LEASE_FILE)}) $(date +%s.%N)"', LEASE_FILE)
 _SUPERVISE = (
     f"{sh_write_whole('$$', PID_FILE)}; "
     f"if [ -e {CANCELLED_FILE} ]; then rm -f {ENV_FILE}; {sh_write_whole('143', EXIT_CODE_FILE)}; exit 0; fi; "
-    f"if ! worker_env=$(cat {ENV_FILE}); then {sh_write_whole('1', EXIT_CODE_FILE)}; exit 1; fi; "
+    f"if [ -L {ENV_FILE} ] || ! worker_env=$({sh_read(ENV_FILE)}) || [ ! -f {ENV_FILE} ]; then "
+    f"rm -f {ENV_FILE}; {sh_write_whole('1', EXIT_CODE_FILE)}; exit 1; fi; "
     f"rm -f {ENV_FILE}; "
     "gpus=$1; locks=$2; shift 2; "
     'if [ -n "$gpus" ]; then [ -d "$locks" ] || { mkdir -p "$locks" && chmod 1777 "$locks"; } 2>/dev/null; lease=; '
@@ -68,53 +74,13 @@ _SUPERVISE = (
     f'if [ -n "$gpus" ]; then {_WRITE_LEASE_END}; fi; '
     f"{sh_write_whole('$code', EXIT_CODE_FILE)}"
 )
+# The supervisor's `$0` names the run (`ddtree-worker:<run id>`), so its command line carries the run id: the
+# proof that a pid is this run's worker (`proof.py`) looks for it there before anything is signalled. The
+# streams are created exclusively (`set -C`): a link planted at stdout.log or stderr.log is not written through.
 _DETACH = (
-    'cd "$1" || exit 1; shift; '
-    f"setsid sh -c '{_SUPERVISE}' worker \"$@\" < /dev/null > {STDOUT_FILE} 2> {STDERR_FILE} &"
+    'cd "$1" || exit 1; run=$2; shift 2; set -C; '
+    f'setsid sh -c \'{_SUPERVISE}\' "{WORKER_MARK}$run" "$@" < /dev/null > {STDOUT_FILE} 2> {STDERR_FILE} &'
 )
-_STATUS = (
-    'cd "$1" 2>/dev/null || { echo missing; exit 0; }; '
-    f"if [ -f {EXIT_CODE_FILE} ]; then echo exited $(cat {EXIT_CODE_FILE}); "
-    f'elif [ -f {PID_FILE} ] && kill -0 -"$(cat {PID_FILE})" 2>/dev/null; then '
-    f"if [ -f {WAITING_FILE} ]; then echo waiting $(cat {PID_FILE}); else echo running $(cat {PID_FILE}); fi; "
-    f"elif [ -f {PID_FILE} ]; then echo vanished $(cat {PID_FILE}); "
-    f"elif [ -s {STDERR_FILE} ]; then echo unstarted; "
-    "else echo starting; fi"
-)
-
-
-@dataclass(frozen=True)
-class WorkerStatus:
-    """`state` is one of starting, waiting (for a GPU), running, exited, vanished, missing, unstarted.
-
-    `unstarted`: no pid, and the start command wrote to stderr.log. The supervisor writes its pid before
-    anything else can print, so anything there first is the start command's own failure (`setsid: not
-    found`): the run fails on it at once instead of waiting out `orchestrator.start_timeout_s`."""
-
-    state: str
-    pid: int | None = None
-    exit_code: int | None = None
-
-    @property
-    def alive(self) -> bool:
-        return self.state in ("starting", "waiting", "running")
-
-    def describe(self) -> str:
-        if self.state == "exited" and self.exit_code is not None:
-            if self.exit_code > 128:
-                return f"worker was killed by signal {self.exit_code - 128} (exit code {self.exit_code})"
-            return f"worker exited with code {self.exit_code}"
-        if self.state == "vanished":
-            return "worker process group disappeared without writing an exit code (killed, or the host rebooted)"
-        if self.state == "missing":
-            return "the run directory is gone from the host"
-        if self.state == "unstarted":
-            return "the start command failed before the worker had a pid (see stderr.log)"
-        return f"worker is {self.state}"
-
-
-def run_dir_for(workdir: str, run_id: str) -> str:
-    return posixpath.join(workdir, "runs", run_id)
 
 
 def write_spec(transport: Transport, run_dir: str, spec: Mapping[str, Any], prompts: str | None = None) -> None:
@@ -146,20 +112,14 @@ def start_worker(
         if not _ENV_NAME.fullmatch(name):
             raise ValueError(f"not a valid environment variable name for the worker: {name!r}")
     lines = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in variables.items())
-    transport.write_file(posixpath.join(run_dir, ENV_FILE), lines.encode(), 0o600)
+    env_file = posixpath.join(run_dir, ENV_FILE)
+    if not transport.create_file(env_file, lines.encode(), 0o600):  # new, or something else is at its name
+        raise UnsafePath(f"{env_file} exists already (left by another launch, or planted); the worker's "
+                         "secrets are not written there")  # fmt: skip
     candidates = " ".join(str(int(g)) for g in gpus)
-    argv = ["sh", "-c", _DETACH, "launch", run_dir, candidates, locks_dir]
+    argv = ["sh", "-c", _DETACH, "launch", run_dir, posixpath.basename(run_dir), candidates, locks_dir]
     argv += [python, "-m", "remote_worker", "run", SPEC_FILE]
     transport.run(argv)
-
-
-def worker_status(transport: Transport, run_dir: str) -> WorkerStatus:
-    words = transport.run(["sh", "-c", _STATUS, "status", run_dir]).stdout.split()
-    state = words[0] if words else "missing"
-    number = int(words[1]) if len(words) > 1 and words[1].lstrip("-").isdigit() else None
-    if state == "exited":
-        return WorkerStatus(state, exit_code=number)
-    return WorkerStatus(state, pid=number)
 
 
 def wait_for_start(
@@ -185,7 +145,10 @@ def _wait_until_gone(transport: Transport, group: str, timeout_s: float) -> bool
     return True
 
 
-_CANCEL = f'cd "$1" 2>/dev/null || exit 0; : > {CANCELLED_FILE}; rm -f {ENV_FILE}'
+_CANCEL = (
+    f'cd "$1" 2>/dev/null || exit 0; dd of={CANCELLED_FILE} conv=excl oflag=nofollow status=none </dev/null '
+    f"2>/dev/null; rm -f {ENV_FILE}"
+)
 
 
 def forget_env(transport: Transport, run_dir: str) -> None:
@@ -199,7 +162,10 @@ def stop_worker(transport: Transport, run_dir: str, grace_s: float) -> WorkerSta
 
     A worker stopped before its supervisor wrote a pid (still `starting`) is cancelled by a marker file the
     supervisor reads right after writing its pid; the pid is looked for once more after the marker, so
-    whichever of the two came first, the worker never runs unstopped (and its worker.env is removed)."""
+    whichever of the two came first, the worker never runs unstopped (and its worker.env is removed).
+
+    Nothing is signalled that `proof.prove_worker` does not prove the run's own (the pid file is a claim, and
+    a group we did not start is never signalled): then `NotProven` names what did not match."""
     status = worker_status(transport, run_dir)
     if status.state == "starting":
         transport.run(["sh", "-c", _CANCEL, "cancel", run_dir], check=False)
@@ -208,6 +174,10 @@ def stop_worker(transport: Transport, run_dir: str, grace_s: float) -> WorkerSta
         if status.state != "missing":
             forget_env(transport, run_dir)
         return status
+    workdir, run_id = posixpath.dirname(posixpath.dirname(run_dir)), posixpath.basename(run_dir)
+    proof = prove_worker(transport, workdir, run_id, status)
+    if proof.problem is not None:
+        raise NotProven(f"the worker of run {run_id[:8]} was not signalled: {proof.problem}")
     group = f"-{status.pid}"  # `kill -SIG -PGID` (no `--`: dash's builtin kill rejects it)
     transport.run(["kill", "-TERM", group], check=False)
     if not _wait_until_gone(transport, group, grace_s):

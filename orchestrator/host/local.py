@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import shlex
-import shutil
 import signal
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -12,15 +10,19 @@ from pathlib import Path
 from invoke import Context
 
 from orchestrator.config.paths import PROJECT_ROOT
-from orchestrator.host.transport import CommandResult, Interrupted, command_result
+from orchestrator.host.transport import CommandResult, Interrupted, command_result, inside
+from remote_worker.safe_files import Folder
 
 
 class LocalTransport:
     """This machine, through Invoke's local runner."""
 
-    def __init__(self, name: str = "local") -> None:
+    def __init__(self, name: str = "local", workdir: str = "/") -> None:
+        """`workdir`: the folder every file operation stays inside (the host's work folder; tests that touch
+        files anywhere give none, and then every component of a path is reached without following a link)."""
         self.name = name
         self._context = Context()
+        self._folder = Folder(workdir)
 
     def open(self) -> None:
         return None
@@ -38,29 +40,31 @@ class LocalTransport:
             raise Interrupted("interrupted by the user (Ctrl-C)")
         return command_result(argv, result.exited, result.stdout, result.stderr, check)
 
-    def read_bytes(self, path: str, offset: int, limit: int) -> bytes:
-        try:
-            with open(path, "rb") as f:
-                f.seek(offset)
-                return f.read(limit)
-        except FileNotFoundError:
-            return b""
+    # -- the safe file layer: `remote_worker/safe_files.py` below the work folder ---------------------------------
 
-    def write_file(self, path: str, data: bytes, mode: int) -> None:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(path, mode)
+    def _file(self, path: str) -> str:
+        return inside(self._folder.root, path)
+
+    def read_bytes(self, path: str, offset: int, limit: int) -> bytes:
+        return self._folder.read(self._file(path), offset, limit) or b""
+
+    def file_size(self, path: str) -> int | None:
+        return self._folder.size(self._file(path))
+
+    def write_file(self, path: str, data: bytes, mode: int, *, exclusive: bool = False) -> None:
+        if exclusive:
+            self._folder.write_new(self._file(path), data, mode)
+        else:
+            self._folder.write_whole(self._file(path), data, mode)
+
+    def create_file(self, path: str, data: bytes, mode: int) -> bool:
+        return self._folder.create(self._file(path), data, mode)
 
     def make_dirs(self, path: str, mode: int) -> None:
-        os.makedirs(path, mode=mode, exist_ok=True)
-        os.chmod(path, mode)
+        self._folder.make_dirs(self._file(path), mode)
 
     def fetch(self, path: str, local_path: Path) -> bool:
-        if not os.path.isfile(path):
-            return False
-        shutil.copyfile(path, local_path)
-        return True
+        return self._folder.copy_to(self._file(path), local_path)
 
     def prepare_code(self, workdir: str, method: str, owner: str = "") -> tuple[str, bool]:
         return str(PROJECT_ROOT), False

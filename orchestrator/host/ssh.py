@@ -11,8 +11,7 @@ import contextlib
 import os
 import shlex
 import socket
-import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import paramiko
 from fabric import Connection
 
 from orchestrator.config.settings import HostConfig, SSHSettings
+from orchestrator.host.ssh_files import SSHFiles
 from orchestrator.host.sync import sync_code
 from orchestrator.host.transport import (
     CONNECTION_ERRORS,
@@ -150,6 +150,7 @@ class SSHTransport:
         self.ssh: SSHSettings = host.ssh
         self._connection = connection_for(self.ssh)
         self._sftp: paramiko.SFTPClient | None = None
+        self._files = SSHFiles(self, host.workdir)
 
     # -- connection --------------------------------------------------------------------------------
 
@@ -185,7 +186,7 @@ class SSHTransport:
         """Whether the SSH connection is up: a command then runs without opening a new one."""
         return bool(self._connection.is_connected)
 
-    def _sftp_client(self) -> paramiko.SFTPClient:
+    def sftp_client(self) -> paramiko.SFTPClient:
         if self._sftp is None:
             if not self._connection.is_connected:
                 self.open()
@@ -244,15 +245,58 @@ class SSHTransport:
             raise ConnectionLost(f"{self.name}: connection lost while running `{argv[0]}`")
         return command_result(argv, result.exited, result.stdout, result.stderr, check)
 
-    def read_bytes(self, path: str, offset: int, limit: int) -> bytes:
-        try:
-            with self._sftp_client().open(path, "rb") as f:
-                f.seek(offset)
-                return f.read(limit)
-        except FileNotFoundError:
-            return b""
+    # -- the safe file layer (`ssh_files.py`), inside host.workdir -------------------------------------------
 
-    def write_file(self, path: str, data: bytes, mode: int) -> None:
+    def read_bytes(self, path: str, offset: int, limit: int) -> bytes:
+        return self._files.read(path, offset, limit)
+
+    def file_size(self, path: str) -> int | None:
+        return self._files.size(path)
+
+    def write_file(self, path: str, data: bytes, mode: int, *, exclusive: bool = False) -> None:
+        if exclusive:
+            self._files.write_new(path, data, mode)
+        else:
+            self._files.write_whole(path, data, mode)
+
+    def create_file(self, path: str, data: bytes, mode: int) -> bool:
+        return self._files.create(path, data, mode)
+
+    def make_dirs(self, path: str, mode: int) -> None:
+        self._files.make_dirs(path, mode)
+
+    def fetch(self, path: str, local_path: Path) -> bool:
+        return self._files.fetch(path, local_path)
+
+    def exec_bytes(self, argv: Sequence[str], sink: Callable[[bytes], None] | None = None) -> tuple[int, bytes, str]:
+        """Run `argv` on a channel of its own; (exit code, stdout as bytes, stderr). With `sink`, stdout goes
+        there chunk by chunk instead (a fetched file is never held whole in memory)."""
+        if not self._connection.is_connected:
+            self.open()
+        link = self._connection.client.get_transport()
+        if link is None or not link.is_active():
+            raise ConnectionLost(f"{self.name}: connection lost")
+        channel = link.open_session()
+        try:
+            channel.exec_command(shlex.join(argv))
+            channel.shutdown_write()
+            out = bytearray()
+            while chunk := channel.recv(1 << 20):
+                if sink is not None:
+                    sink(chunk)
+                else:
+                    out += chunk
+            err = b""
+            while more := channel.recv_stderr(1 << 16):
+                err += more
+            code = channel.recv_exit_status()
+        finally:
+            channel.close()
+        if code == -1:  # no exit status: the connection went away mid-command
+            raise ConnectionLost(f"{self.name}: connection lost while running `{argv[0]}`")
+        return code, bytes(out), err.decode(errors="replace")
+
+    def sftp_write(self, path: str, data: bytes, mode: int, flags: str = "wb") -> None:
         """Write in chunks, pipelined; an interrupted write drops the connection instead of closing the file.
 
         Closing an SFTP file waits for every pipelined write's acknowledgement: over a slow or cut link after
@@ -262,10 +306,10 @@ class SSHTransport:
         with (no space, permission) leaves the link up: the file is then closed as usual.
         """
         chunk = 1 << 20
-        sftp = self._sftp_client()
+        sftp = self.sftp_client()
         f: paramiko.SFTPFile | None = None
         try:
-            f = sftp.open(path, "wb")
+            f = sftp.open(path, flags)
             f.chmod(mode)
             f.set_pipelined(True)  # without it every 32 KiB write waits for its acknowledgement
             for start in range(0, len(data), chunk):
@@ -277,6 +321,8 @@ class SSHTransport:
                 if f is not None:
                     with contextlib.suppress(*CONNECTION_ERRORS):
                         f.close()
+                with contextlib.suppress(*CONNECTION_ERRORS):
+                    sftp.remove(path)  # the scratch file a failed write leaves
             else:
                 with contextlib.suppress(Exception):
                     if link is not None:
@@ -284,20 +330,6 @@ class SSHTransport:
                 with contextlib.suppress(Exception):
                     self.close()  # now only forgets the SFTP session and the connection
             raise
-
-    def make_dirs(self, path: str, mode: int) -> None:
-        self.run(["mkdir", "-p", path])
-        self.run(["chmod", format(mode, "o"), path])
-
-    def fetch(self, path: str, local_path: Path) -> bool:
-        sftp = self._sftp_client()
-        try:
-            if not stat.S_ISREG(sftp.stat(path).st_mode or 0):
-                return False
-        except FileNotFoundError:
-            return False
-        sftp.get(path, str(local_path))
-        return True
 
     def prepare_code(self, workdir: str, method: str, owner: str = "") -> tuple[str, bool]:
         return sync_code(self, workdir, method=method, owner=owner)

@@ -168,7 +168,7 @@ def sync_code(
         if data is None:
             _rsync(transport, files, root, partial, look.get("newest"))
         else:
-            transport.write_file(archive, data, 0o600)
+            transport.write_file(archive, data, 0o600, exclusive=True)
             transport.run(["sh", "-c", _UNTAR, "untar", partial, archive])
         transport.run(["sh", "-c", _PUBLISH, "publish", partial, snapshot])
     except BaseException as error:

@@ -8,6 +8,7 @@ ever read by a shell as syntax.
 
 from __future__ import annotations
 
+import posixpath
 import shlex
 import socket
 from collections.abc import Mapping, Sequence
@@ -17,12 +18,28 @@ from typing import Protocol
 
 import paramiko
 
+from remote_worker.safe_files import UnsafePath
+
 
 class Interrupted(Exception):
     """The user asked to stop (Ctrl-C, or `cancel`).
 
     Defined here, in the lowest layer that raises it: a local command that the terminal's Ctrl-C killed
     raises it, as does the `cancel` command above; `lifecycle/errors.py` gives it its meaning."""
+
+
+def inside(root: str, path: str) -> str:
+    """`path` relative to the folder `root`; UnsafePath when it is not inside it (the layer's one rule for what
+    a host's file operations may touch: the work folder the user configured, nothing a tag or a file names)."""
+    base = posixpath.normpath(root)
+    target = posixpath.normpath(path)
+    if not target.startswith("/") or ".." in path.split("/"):
+        raise UnsafePath(f"{path[:200]} is not an absolute path inside {base}; not used")
+    if base == "/":
+        return target.lstrip("/")
+    if not target.startswith(base + "/"):
+        raise UnsafePath(f"{path[:200]} is outside the work folder {base}; not used")
+    return target[len(base) + 1 :]
 
 
 # What a lost or refused connection raises, in paramiko (SFTP included) and below it (OSError, which a local
@@ -86,16 +103,30 @@ class Transport(Protocol):
         `env` is for plain settings only: over SSH it travels as `env K=V` arguments, which the host's process
         list shows. Secrets reach the worker through `worker.env` (see `launch.start_worker`)."""
 
+    # The safe file layer (`remote_worker/safe_files.py`): every path is absolute and inside the host's work
+    # folder; each component below the work folder is reached without following a link, and anything but a
+    # regular file is refused (`UnsafePath`, one line). No caller opens a run folder's file any other way.
+
     def read_bytes(self, path: str, offset: int, limit: int) -> bytes:
         """Up to `limit` bytes of `path` from `offset`; empty when there is nothing new (or no file yet)."""
 
-    def write_file(self, path: str, data: bytes, mode: int) -> None:
-        """Create or replace `path` with `data`, readable only as `mode` allows from the start."""
+    def file_size(self, path: str) -> int | None:
+        """The size of the regular file `path`; None when there is none."""
 
-    def make_dirs(self, path: str, mode: int) -> None: ...
+    def write_file(self, path: str, data: bytes, mode: int, *, exclusive: bool = False) -> None:
+        """Create or replace `path` with `data` whole (a scratch file renamed onto the name: a link standing
+        there is replaced, never written through), readable only as `mode` allows from the start.
+        `exclusive`: `path` is a new file of the caller's own that nobody reads while it is written (a sync's
+        archive): created in place with O_EXCL, failing where any entry of that name exists."""
+
+    def create_file(self, path: str, data: bytes, mode: int) -> bool:
+        """Create `path` with `data` only if nothing of that name exists (a link counts); True if it did."""
+
+    def make_dirs(self, path: str, mode: int) -> None:
+        """Create `path` and the folders on its way below the work folder; a link on the way is refused."""
 
     def fetch(self, path: str, local_path: Path) -> bool:
-        """Copy `path` to `local_path`; False when it does not exist."""
+        """Copy the regular file `path` to `local_path`; False when it does not exist."""
 
     def prepare_code(self, workdir: str, method: str, owner: str = "") -> tuple[str, bool]:
         """Where the worker's code is on the host (its PYTHONPATH), and whether anything was copied there.

@@ -16,7 +16,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from orchestrator.host.launch import WorkerStatus, stop_worker, worker_status
+from orchestrator.host.launch import stop_worker
+from orchestrator.host.run_folder import WorkerStatus, worker_status
 from orchestrator.host.transport import CONNECTION_ERRORS, HostKeyRefused, Transport
 from orchestrator.lifecycle.display import LiveProgress
 from orchestrator.lifecycle.errors import HostLost, PhaseFailed

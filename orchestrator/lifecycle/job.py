@@ -27,17 +27,9 @@ from rich.console import Console
 from orchestrator.config.prompts import prompts_file_text
 from orchestrator.config.redaction import redact_text
 from orchestrator.config.settings import JobConfig
-from orchestrator.host.launch import (
-    SPEC_FILE,
-    STDERR_FILE,
-    WorkerStatus,
-    forget_env,
-    start_worker,
-    stop_worker,
-    wait_for_start,
-    write_spec,
-)
+from orchestrator.host.launch import forget_env, start_worker, stop_worker, wait_for_start, write_spec
 from orchestrator.host.preflight import PreflightFailed, lease_candidates, run_preflight, workdir_problem
+from orchestrator.host.run_folder import SPEC_FILE, STDERR_FILE, WorkerStatus
 from orchestrator.host.sync import remove_abandoned_parts
 from orchestrator.host.transport import CONNECTION_ERRORS, CommandFailed, ConnectFailed, HostKeyRefused, Transport
 from orchestrator.lifecycle.display import LiveProgress
@@ -220,8 +212,8 @@ def launch(job: Job, report: dict[str, Any], code_dir: str) -> None:
 # The files of one attempt of the worker: a worker started again in the same run begins without them (its
 # event log and spec stay; the earlier attempt's stderr is kept beside).
 _CLEAR_ATTEMPT = (
-    'cd "$1" || exit 1; [ -f stderr.log ] && mv -f stderr.log stderr.previous.log; '
-    "rm -f pid exit_code gpu_lease waiting_for_gpu cancelled ./*.part.*; exit 0"
+    'cd "$1" || exit 1; [ -f stderr.log ] && [ ! -L stderr.log ] && mv -fT stderr.log stderr.previous.log; '
+    "rm -f pid exit_code gpu_lease waiting_for_gpu cancelled stdout.log stderr.log ./*.part.*; exit 0"
 )
 
 
