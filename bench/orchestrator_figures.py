@@ -116,7 +116,7 @@ def event_latency(server: SSHServer, client: MlflowClient, experiment_id: str, r
         return fresh
 
     sink.apply = timed_apply  # type: ignore[method-assign]
-    mirror = EventMirror(root / "latency-mirror.jsonl", str(run_dir))
+    mirror = EventMirror.at(root / "latency-mirror.jsonl", str(run_dir))
     terminal = SimpleNamespace(show=lambda event: None, note=print)
     settings = FollowSettings(POLL_INTERVAL_S, 60.0, 60.0, float("inf"), exit_grace_s=0.1)
     follower = Follower(transport, str(run_dir), mirror, Applier(sink, mirror, print), terminal, settings, lambda: None)

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from remote_worker.safe_files import Folder
+
 EVENTS_FILE = "events.jsonl"
 KINDS = frozenset({"start", "env", "params", "tags", "metrics", "progress", "log", "artifact", "traceback", "end"})
 
@@ -34,15 +36,15 @@ class EventLog:
 
     def __init__(self, run_dir: Path) -> None:
         self.path = Path(run_dir) / EVENTS_FILE
-        self._next_seq = self._count_existing()
-        self._file = self.path.open("a", encoding="utf-8")
+        folder = Folder(run_dir)  # the log is appended to in place: never through a link planted at its name
+        self._next_seq = self._count_existing(folder)
+        self._file = os.fdopen(folder.open_append(EVENTS_FILE), "a", encoding="utf-8")
         self._lock = threading.RLock()
 
-    def _count_existing(self) -> int:
-        if not self.path.exists():
-            return 0
-        with self.path.open("rb") as f:
-            return sum(1 for line in f if line.endswith(b"\n"))
+    @staticmethod
+    def _count_existing(folder: Folder) -> int:
+        data = folder.read(EVENTS_FILE)
+        return 0 if data is None else data.count(b"\n")
 
     def emit(
         self,

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from remote_worker.safe_files import Folder, UnsafePath
+
 DEFAULT_PROMPTS = Path(__file__).parent / "data" / "prompts_default.jsonl"
 RUN_PROMPTS_FILE = "prompts.jsonl"  # the copy of the run's prompt set in its run folder
 
@@ -69,11 +71,12 @@ def parse_prompts(text: str, source: str) -> list[Prompt]:
 
 def load_prompt_file(path: Path, limit: int | None = None) -> list[Prompt]:
     """A prompt file's conversations, the first `limit` of them when given."""
-    if not path.is_file():
-        raise PromptSetError(f"{path}: no such prompt file")
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        data = Folder(path.parent).read(path.name)  # a link at the file's own name is not followed
+        if data is None:
+            raise PromptSetError(f"{path}: no such prompt file")
+        text = data.decode("utf-8")
+    except (OSError, UnicodeDecodeError, UnsafePath) as exc:
         raise PromptSetError(f"{path}: cannot be read as UTF-8 text ({exc})") from exc
     prompts = parse_prompts(text, str(path))
     return prompts[:limit] if limit else prompts

@@ -10,6 +10,7 @@ from pathlib import Path
 from remote_worker import host_load, stop_signal
 from remote_worker.events import EventLog
 from remote_worker.probes.environment import environment_tags, probe_environment
+from remote_worker.safe_files import Folder
 from remote_worker.spec import SpecError, load_spec
 
 TRACEBACK_FILE = "traceback.txt"
@@ -97,7 +98,7 @@ class LogEvents(logging.Handler):
 
 def _failed(log: EventLog, run_dir: Path, exc: BaseException) -> int:
     text = "".join(traceback.format_exception(exc))
-    (run_dir / TRACEBACK_FILE).write_text(text, encoding="utf-8")
+    Folder(run_dir).write_whole(TRACEBACK_FILE, text.encode("utf-8"))
     error_line = traceback.format_exception_only(type(exc), exc)[-1].strip()
     log.emit("traceback", {"path": TRACEBACK_FILE, "error": error_line})
     log.emit("end", {"status": "FAILED", "error": error_line})

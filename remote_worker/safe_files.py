@@ -217,6 +217,17 @@ class Folder:
                 with contextlib.suppress(OSError):
                     os.unlink(scratch, dir_fd=parent)
 
+    def open_new(self, relative: str, mode: int = 0o600) -> int:
+        """A write descriptor of a new, empty regular file `relative`: whatever stood at the name (an earlier
+        attempt's file, a link) is removed first, never written through."""
+        with self._parent(relative) as (parent, name):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=parent)
+            try:
+                return os.open(name, _NEW, mode, dir_fd=parent)
+            except OSError as error:
+                raise _refusal(self._name(parts_of(relative)), error) from error
+
     def write_new(self, relative: str, data: bytes, mode: int = 0o600) -> None:
         """Create `relative` with `data` in place, exclusively (FileExistsError where any entry of that name
         exists, a link included): for a file of one's own that nobody reads while it is written."""

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from remote_worker.safe_files import Folder, UnsafePath
+
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 MODEL_SOURCES = ("config", "pretrained")
@@ -116,7 +118,12 @@ def parse_spec(raw: dict[str, Any], run_dir: Path) -> Spec:
 
 def load_spec(path: Path) -> Spec:
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        data = Folder(path.resolve().parent).read(path.name)  # the spec itself is never a link's target
+        if data is None:
+            raise SpecError(f"spec: {path} does not exist")
+        raw = json.loads(data)
+    except UnsafePath as exc:
+        raise SpecError(f"spec: {exc}") from exc
     except json.JSONDecodeError as exc:
         raise SpecError(f"spec: {path} is not valid JSON: {exc}") from exc
     return parse_spec(raw, path.resolve().parent)  # absolute: the worker is started as `run spec.json`

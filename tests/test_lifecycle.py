@@ -268,7 +268,7 @@ def test_a_silent_worker_is_mentioned_within_a_minute_then_as_the_silence_double
         def apply(self, *, now: bool = False) -> bool:
             return True
 
-    mirror = EventMirror(tmp_path / "mirror.jsonl", host.run_dir)
+    mirror = EventMirror.at(tmp_path / "mirror.jsonl", host.run_dir)
     live = LiveProgress(terminal.console)
     follower = Follower(host, host.run_dir, mirror, Applied(), live, settings, lambda: None, clock=lambda: clock[0])
     assert follower.run().state == "exited"

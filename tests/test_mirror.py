@@ -24,7 +24,7 @@ def test_an_append_interrupted_after_its_write_is_redone_not_doubled(
     host = FakeHost(FakeWorker(decode_log(), lines_per_look=5))
     host.run_dir = "/run"
     host.worker.state = "running"
-    mirror = EventMirror(tmp_path / "mirror.jsonl", "/run")
+    mirror = EventMirror.at(tmp_path / "mirror.jsonl", "/run")
     real_fsync = os.fsync
     calls = {"n": 0}
 
@@ -49,8 +49,8 @@ def test_a_mirror_reopened_resumes_where_the_file_ends(tmp_path: Path) -> None:
     host = FakeHost(FakeWorker(decode_log(), lines_per_look=3))
     host.run_dir = "/run"
     host.worker.state = "running"
-    EventMirror(tmp_path / "m.jsonl", "/run").pull(host)
-    again = EventMirror(tmp_path / "m.jsonl", "/run")
+    EventMirror.at(tmp_path / "m.jsonl", "/run").pull(host)
+    again = EventMirror.at(tmp_path / "m.jsonl", "/run")
     while host.worker.state == "running":
         again.pull(host)
     again.pull(host)

@@ -124,7 +124,7 @@ def test_a_new_attempt_of_the_worker_is_not_ended_by_the_last_ones_end(tmp_path:
         {"seq": 2, "t": 3.0, "kind": "start", "data": {}},
     ]
     log.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    mirror = EventMirror(tmp_path / "mirror.jsonl", str(run_dir))
+    mirror = EventMirror.at(tmp_path / "mirror.jsonl", str(run_dir))
     mirror.pull(LocalTransport())
     mirror.scan()
     assert mirror.end is None  # the first attempt's end is not the run's

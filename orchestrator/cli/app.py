@@ -443,7 +443,7 @@ def _cancel_body(job: Job) -> Outcome:
 
 def open_state(config: JobConfig) -> StateStore:
     store = StateStore(Path(config.orchestrator.state_dir))
-    store.check_writable()
+    store.check()
     return store
 
 

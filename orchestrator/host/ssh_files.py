@@ -53,7 +53,7 @@ READ = (
 )
 SIZE = _REGULAR + 'exec stat -c %s -- "$3"'
 # `$1` root, `$2` folder, `$3` mode: the folder and those on its way made (MODE), then set to MODE.
-MAKE_DIRS = WALK + 'walk "$1" "$2" 1 "$3" || exit $?; chmod "$3" .'
+MAKE_DIRS = WALK + '[ -d "$1" ] || mkdir -p -m 700 -- "$1"; walk "$1" "$2" 1 "$3" || exit $?; chmod "$3" .'
 # `$1` root, `$2` folder, `$3` a scratch file there, `$4` its name: `created` if NAME did not exist, else
 # `exists`; the scratch file is gone either way.
 LINK_NEW = (
@@ -123,7 +123,9 @@ class SSHFiles:
         return found is not None
 
     def make_dirs(self, path: str, mode: int) -> None:
-        self._script(MAKE_DIRS, "safe-mkdir", ["/".join(parts_of(inside(self.root, path))), format(mode, "o")])
+        folder = "/".join(parts_of(inside(self.root, path)))
+        if self._script(MAKE_DIRS, "safe-mkdir", [folder, format(mode, "o")]) is None:
+            raise FileNotFoundError(f"{path} could not be created (host.workdir {self.root})")
 
     def _check_folder(self, folder: str) -> None:
         """Every component of `folder` below the root is a folder, not a link (over SFTP: lstat each)."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import posixpath
-import shutil
 import tempfile
 import time
 import traceback
@@ -31,7 +30,14 @@ from orchestrator.host.launch import forget_env, start_worker, stop_worker, wait
 from orchestrator.host.preflight import PreflightFailed, lease_candidates, run_preflight, workdir_problem
 from orchestrator.host.run_folder import SPEC_FILE, STDERR_FILE, WorkerStatus
 from orchestrator.host.sync import remove_abandoned_parts
-from orchestrator.host.transport import CONNECTION_ERRORS, CommandFailed, ConnectFailed, HostKeyRefused, Transport
+from orchestrator.host.transport import (
+    CONNECTION_ERRORS,
+    CommandFailed,
+    ConnectFailed,
+    HostKeyRefused,
+    Transport,
+    UnsafePath,
+)
 from orchestrator.lifecycle.display import LiveProgress
 from orchestrator.lifecycle.errors import HostLost, Interrupted, LocalFailure, PhaseFailed
 from orchestrator.lifecycle.follow import Applier, Follower, FollowSettings, Reconnect
@@ -92,7 +98,7 @@ class Job:
     @property
     def mirror(self) -> EventMirror:
         if self._mirror is None:
-            self._mirror = EventMirror(self.store.mirror_path(self.state.run_id), self.state.run_dir)
+            self._mirror = EventMirror(self.store.files, self.store.mirror_name(self.state.run_id), self.state.run_dir)
         return self._mirror
 
     @property
@@ -405,7 +411,7 @@ def collect(job: Job, outcome: Outcome) -> None:
         job.live.note(f"[yellow]worker_log.txt not logged: {type(exc).__name__}: {short_reason(exc)}[/yellow]")
     with tempfile.TemporaryDirectory() as tmp:
         events = Path(tmp) / EVENTS_FILE
-        shutil.copyfile(job.mirror.path, events)
+        job.mirror.copy_to(events)
         _log_file(job, events)
         for name in (STDERR_FILE, RUN_PROMPTS_FILE):
             local = Path(tmp) / name
@@ -492,8 +498,7 @@ def finish(job: Job, outcome: Outcome) -> None:
         if job.config.command.value == "attach":
             job.client.set_tag(job.state.run_id, tags.DETACHED, "false")  # followed to its end after all
         end_run(job.client, job.sink.run_ids(), outcome, error_already_tagged=job.sink.error is not None)
-    with contextlib.suppress(OSError):  # MLflow holds it now (events.jsonl); only the stream state stays
-        job.mirror.path.unlink()
+    job.mirror.remove()  # MLflow holds it now (events.jsonl); only the stream state stays
 
 
 def _describe_unfinished(job: Job, outcome: Outcome) -> None:
@@ -579,9 +584,8 @@ def _local_failure(job: Job, exc: Exception) -> Outcome:
         message = f"local: {exc}"
     else:
         crash = job.store.dir / f"{job.state.run_id}.crash.txt"
-        with contextlib.suppress(OSError):
-            crash.parent.mkdir(parents=True, exist_ok=True)
-            crash.write_text(redact_text(traceback.format_exc()), encoding="utf-8")
+        with contextlib.suppress(OSError, UnsafePath):
+            job.store.files.write_whole(crash.name, redact_text(traceback.format_exc()).encode())
         message = f"local: orchestrator error {type(exc).__name__}: {exc} (traceback in {crash})"
     message = redact_text(message)
     if job.launched:

@@ -11,6 +11,7 @@ its `start` begins a new attempt, and only the last attempt's `end` says how the
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 import time
@@ -19,25 +20,35 @@ from pathlib import Path
 from orchestrator.host.transport import Transport
 from orchestrator.stream.events import EVENTS_FILE, BadLine, Event, parse_chunk
 from orchestrator.stream.state import LocalFailure
+from remote_worker.safe_files import Folder, UnsafePath
 
 READ_LIMIT = 4 * 1024 * 1024
 
 
 class EventMirror:
-    def __init__(self, path: Path, run_dir: str) -> None:
-        self.path = path
+    """The mirror lives in the state folder (`folder`, a `Folder` of the safe file layer, named `name`): it is
+    opened without following a link, so a link planted at its name is refused, never written through."""
+
+    def __init__(self, folder: Folder, name: str, run_dir: str) -> None:
+        self.folder, self.name = folder, name
+        self.path = Path(folder.root) / name
         self.host_path = posixpath.join(run_dir, EVENTS_FILE)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.path.touch(exist_ok=True)
-        except OSError as exc:
-            raise LocalFailure(f"orchestrator.state_dir: cannot write {self.path}: {exc.strerror or exc}") from exc
-        self.size = self.path.stat().st_size
+            fd = folder.open_update(name)
+            self.size = os.fstat(fd).st_size
+            os.close(fd)
+        except (OSError, UnsafePath) as exc:
+            raise LocalFailure(f"orchestrator.state_dir: cannot write {self.path}: {_why(exc)}") from exc
         self.end: Event | None = None
         self.bad: list[BadLine] = []
         self.last_growth = time.monotonic()
         self._scanned = 0
         self.scan()
+
+    @classmethod
+    def at(cls, path: Path, run_dir: str) -> EventMirror:
+        """A mirror at the file `path` (its folder must exist)."""
+        return cls(Folder(path.parent), path.name, run_dir)
 
     def pull(self, transport: Transport) -> int:
         """Copy what the worker appended since the last pull; return how many bytes came.
@@ -51,7 +62,7 @@ class EventMirror:
             if not chunk:
                 break
             try:
-                with self.path.open("r+b") as f:
+                with os.fdopen(self.folder.open_update(self.name), "r+b") as f:
                     try:
                         f.truncate(self.size)
                         f.seek(self.size)
@@ -60,14 +71,25 @@ class EventMirror:
                         os.fsync(f.fileno())
                     finally:
                         self.size = min(f.seek(0, os.SEEK_END), self.size + len(chunk))
-            except OSError as exc:  # never mistaken for the connection (OSError too)
-                raise LocalFailure(f"orchestrator.state_dir: cannot write {self.path}: {exc.strerror or exc}") from exc
+            except (OSError, UnsafePath) as exc:  # never mistaken for the connection (OSError too)
+                raise LocalFailure(f"orchestrator.state_dir: cannot write {self.path}: {_why(exc)}") from exc
             added += len(chunk)
             if len(chunk) < READ_LIMIT:
                 break
         if added:
             self.last_growth = time.monotonic()
         return added
+
+    def copy_to(self, local: Path) -> None:
+        """The whole mirror, copied to `local` (for the run's `events.jsonl` artifact)."""
+        try:
+            self.folder.copy_to(self.name, local)
+        except (OSError, UnsafePath) as exc:
+            raise LocalFailure(f"orchestrator.state_dir: cannot read {self.path}: {_why(exc)}") from exc
+
+    def remove(self) -> None:
+        with contextlib.suppress(OSError, UnsafePath):
+            self.folder.remove(self.name)
 
     def scan(self) -> tuple[list[Event], list[BadLine]]:
         """Parse the lines that became complete: note the last attempt's `end` event; return them and the
@@ -104,11 +126,13 @@ class EventMirror:
 
     def _read(self, offset: int) -> bytes:
         try:
-            with self.path.open("rb") as f:
-                f.seek(offset)
-                return f.read(max(0, self.size - offset))
-        except OSError as exc:
-            raise LocalFailure(f"orchestrator.state_dir: cannot read {self.path}: {exc.strerror or exc}") from exc
+            return self.folder.read(self.name, offset, max(0, self.size - offset)) or b""
+        except (OSError, UnsafePath) as exc:
+            raise LocalFailure(f"orchestrator.state_dir: cannot read {self.path}: {_why(exc)}") from exc
 
     def seconds_silent(self) -> float:
         return time.monotonic() - self.last_growth
+
+
+def _why(exc: OSError | UnsafePath) -> str:
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -59,6 +60,7 @@ from remote_worker.models.loading import (
 from remote_worker.models.target import TargetModel
 from remote_worker.prompt_set import DEFAULT_PROMPTS, Prompt, load_prompt_file
 from remote_worker.prompts import encode
+from remote_worker.safe_files import Folder
 from remote_worker.spec import Spec
 
 LOG = logging.getLogger(__name__)
@@ -157,7 +159,7 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     total = len(prompts) * len(methods) * settings.repeats
     load = host_load.running()
     decode_started = time.time()
-    with (spec.run_dir / GENERATIONS_FILE).open("w", encoding="utf-8") as generations:
+    with os.fdopen(Folder(spec.run_dir).open_new(GENERATIONS_FILE), "w", encoding="utf-8") as generations:
         for index, (prompt, ids) in enumerate(zip(prompts, encoded, strict=True)):
 
             def announce(method: Method, repeat: int, index: int = index, prompt: Prompt = prompt) -> None:

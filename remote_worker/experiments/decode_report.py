@@ -16,6 +16,7 @@ from remote_worker.events import EventLog
 from remote_worker.experiments.verdict import Verdict, best_record, judge
 from remote_worker.prompt_set import Prompt
 from remote_worker.prompts import decode_text
+from remote_worker.safe_files import Folder
 from remote_worker.spec import Spec
 
 SUMMARY_FILE = "decode_summary.json"
@@ -128,7 +129,7 @@ def write_summary(
         "best": best_record(verdict),
         **extras,
     }
-    (spec.run_dir / SUMMARY_FILE).write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+    Folder(spec.run_dir).write_whole(SUMMARY_FILE, (json.dumps(document, indent=1) + "\n").encode())
 
 
 def terminal_summary(summary: dict[str, dict[str, float]], verdict: Verdict | None = None) -> dict[str, str]:

@@ -30,6 +30,7 @@ from remote_worker.models.loading import context_length, load_tokenizer
 from remote_worker.models.target import TargetModel
 from remote_worker.prompt_set import load_prompt_file
 from remote_worker.prompts import encode
+from remote_worker.safe_files import Folder
 from remote_worker.spec import Spec
 
 LOG = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ def run_node_cost(spec: Spec, log: EventLog) -> dict[str, str]:
         log.emit("metrics", metrics, step=step)
     # The record (`NodeCosts.from_record` reads it back), with what it was measured on.
     document = {"model": spec.model.name, "dtype": str(target.dtype).removeprefix("torch."), **costs.as_record()}
-    (spec.run_dir / NODE_COSTS_FILE).write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+    Folder(spec.run_dir).write_whole(NODE_COSTS_FILE, (json.dumps(document, indent=1) + "\n").encode())
     log.emit("artifact", {"path": NODE_COSTS_FILE})
     return terminal_summary(costs)
 

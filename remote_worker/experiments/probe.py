@@ -16,6 +16,7 @@ from remote_worker.probes.cache_behaviour import probe_cache
 from remote_worker.probes.environment import probe_environment
 from remote_worker.probes.hybrid_cache_check import check_hybrid_cache
 from remote_worker.probes.model_structure import probe_model
+from remote_worker.safe_files import Folder
 from remote_worker.spec import Spec
 
 LOG = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ def run_probe(spec: Spec, log: EventLog) -> dict[str, str]:
         params, metrics = split_answers(report[section], f"probe.{section}")
         log.emit("params", params)
         log.emit("metrics", metrics, step=0)
-    (spec.run_dir / PROBE_FILE).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    Folder(spec.run_dir).write_whole(PROBE_FILE, (json.dumps(report, indent=2) + "\n").encode())
     log.emit("artifact", {"path": PROBE_FILE})
     log.progress("probe", steps, steps, "done")
     return summarize(report)
