@@ -11,9 +11,11 @@ COMPAT_STAMP := $(COMPAT_VENV)/.installed
 
 .PHONY: run sweep test check test-compat test-realwidth bench fixtures lint ui lock clean
 
-$(STAMP): requirements/worker.txt requirements/local.txt requirements/dev.txt requirements/lock.txt
+$(STAMP): requirements/worker.txt requirements/local.txt requirements/dev.txt requirements/lock.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements/dev.txt -c requirements/lock.txt
+	@# The checkout itself, editable: `ddtree-orch` and `python -m orchestrator` then run from any folder.
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	@touch $(STAMP)
 
 ## run: the main job on the embedded default (local host, tiny hybrid model, local MLflow store)

@@ -12,8 +12,8 @@ import io
 import json
 import posixpath
 import re
+import shlex
 import time
-from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,6 +23,7 @@ from rich.console import Console
 
 from orchestrator import CONF_DIR
 from orchestrator.cli import app, listing
+from orchestrator.config.commands import entry_point
 from orchestrator.config.settings import JobConfig
 from orchestrator.config.validation import validate
 from orchestrator.lifecycle.display import LiveProgress
@@ -149,7 +150,7 @@ def test_mlflow_still_down_after_the_end_leaves_the_run_for_attach_which_complet
     assert job.status == "RUNNING"
     assert "attach=" in out and "exactly once" in out
     attach_line = next(line for line in out.splitlines() if "attach=" in line)
-    assert attach_line.strip().startswith("python -m orchestrator attach=")  # whole, on its own line
+    assert attach_line.strip().startswith(f"{shlex.join(entry_point())} attach=")  # whole, on its own line
 
     tracking.down = False
     host.on_look = lambda host: None
@@ -287,6 +288,7 @@ def test_the_end_the_worker_recorded_decides_even_when_its_applier_died(tmp_path
     run_id = tracking.create_run(experiment_id, tags={tags.HOST: config.host.name}).info.run_id
     host.run_dir = f"/host/work/runs/{run_id}"
     host.worker.state = "running"
+    host.files[f"{host.run_dir}/spec.json"] = json.dumps({"run_id": run_id}).encode()
     host.files[f"{host.run_dir}/pid"] = b"4242\n"
     while host.worker.state == "running":
         host._look()
@@ -697,7 +699,7 @@ def test_list_says_a_run_whose_worker_ended_unrecorded_is_there_with_its_attach_
             assert f"{job.run_id[:8]}  done · 40/40" in lines, out
         attach = next(line for line in out.splitlines() if "attach=" in line)
         assert attach == (
-            f"{job.run_id[:8]} ended, not recorded yet: python -m orchestrator attach={job.run_id} host=local "
+            f"{job.run_id[:8]} ended, not recorded yet: {shlex.join(entry_point())} attach={job.run_id} host=local "
             "tracking=server tracking.uri=http://fake-mlflow:5000"
         )
 
@@ -762,32 +764,26 @@ def test_detach_prints_the_runs_address_and_attach_names_the_runs_model(tmp_path
 # -- a run knows where it lives --------------------------------------------------------------------------------
 
 
-def test_attach_and_cancel_take_the_workdir_from_the_run(tmp_path: Path, tracking: FakeTracking) -> None:
-    """Started with host.workdir=/host/elsewhere, attached and cancelled by commands that do not say it."""
+def test_a_run_launched_in_another_workdir_is_refused_without_it_and_cancelled_with_it(
+    tmp_path: Path, tracking: FakeTracking
+) -> None:
+    """The run's `host.workdir` tag is a claim, never followed: a command whose own work folder differs is
+    refused in one line naming both, and changes nothing; the printed command, which carries the launch's
+    `host.workdir=`, cancels it."""
     host = FakeHost(FakeWorker(decode_log(), lines_per_look=1))
     run(job_config(tmp_path, "detach=true", "host.workdir=/host/elsewhere"), host)
     job = the_run(tracking)
     assert job.tags[tags.HOST_WORKDIR] == "/host/elsewhere" and job.tags[tags.HOST_RUN_DIR] == host.run_dir
-    code, out = run(job_config(tmp_path, f"cancel={job.run_id}", "host.workdir=/host/work"), host)
-    assert code == 0 and job.status == "KILLED", out
-    assert host.run_dir.startswith("/host/elsewhere/runs/") and host.signals_sent() == ["-TERM"]
-
-
-def test_an_override_that_disagrees_with_the_run_is_refused_and_changes_nothing(
-    tmp_path: Path, tracking: FakeTracking
-) -> None:
-    host = FakeHost(FakeWorker(decode_log(), lines_per_look=1))
-    run(job_config(tmp_path, "detach=true", "host.workdir=/host/elsewhere"), host)
-    job = the_run(tracking)
-    config = replace(job_config(tmp_path, f"cancel={job.run_id}"), host_overrides=frozenset({"host.workdir"}))
-    terminal = Terminal()
     with contextlib.redirect_stderr(io.StringIO()) as err:
-        code = app.run_config(config, terminal.console, lambda _config: host)
+        code, _ = run(job_config(tmp_path, f"cancel={job.run_id}"), host)
     assert code == 2 and job.status == "RUNNING" and host.signals_sent() == []
     assert err.getvalue().strip() == (
-        f"cancel: run {job.run_id[:8]} lives at host.workdir=/host/elsewhere (its own record); the command "
-        "line's host.workdir=/host/work disagrees: leave it out"
+        f"cancel: run {job.run_id[:8]} records host.workdir=/host/elsewhere; this command's is /host/work. A tag "
+        "is never followed: give host.workdir=/host/elsewhere if that is where you launched it"
     )
+    code, out = run(job_config(tmp_path, f"cancel={job.run_id}", "host.workdir=/host/elsewhere"), host)
+    assert code == 0 and job.status == "KILLED", out
+    assert host.run_dir.startswith("/host/elsewhere/runs/") and host.signals_sent() == ["-TERM"]
 
 
 @pytest.mark.parametrize("command", ["attach", "cancel"])
@@ -804,7 +800,8 @@ def test_a_run_folder_missing_where_the_run_says_changes_nothing(
         code, _ = run(job_config(tmp_path, f"{command}={job.run_id}"), host)
     assert code == 1 and job.status == "RUNNING"
     assert err.getvalue().strip() == (
-        f"local: run {job.run_id[:8]} has no folder at {host.run_dir}, where the run says it lives; nothing was changed"
+        f"local: run {job.run_id[:8]} has no folder at {host.run_dir}, where it lives in host.workdir; nothing was "
+        "changed"
     )
 
 
@@ -814,7 +811,10 @@ def test_cancel_last_means_this_workdirs_newest_run(tmp_path: Path, tracking: Fa
     with contextlib.redirect_stderr(io.StringIO()) as err:
         code, _ = run(job_config(tmp_path, "cancel=last", "host.workdir=/host/empty"), host)
     assert code == 2 and the_run(tracking).status == "RUNNING" and host.signals_sent() == []
-    assert "no run of host" in err.getvalue() and "/host/empty" in err.getvalue()
+    assert err.getvalue().strip() == (
+        f"cancel: last: you launched no run from this machine to host local in /host/empty (this state folder: "
+        f"{tmp_path / 'state'}); name the run by its id"
+    )
 
 
 def test_cancel_of_a_run_whose_launch_never_started_removes_its_worker_env(

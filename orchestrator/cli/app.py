@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import posixpath
 import subprocess
 import sys
 import tempfile
@@ -29,12 +30,18 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.markup import escape
 
-from orchestrator.cli.listing import find_run, list_runs, print_logs
+from orchestrator.cli.listing import list_runs, print_logs
+from orchestrator.cli.run_ref import find_run
+from orchestrator.config import host_values
+from orchestrator.config.commands import attach_command, carried
+from orchestrator.config.commands import cancel_command as cancel_command_text
 from orchestrator.config.redaction import redact_hydra_outputs, redact_text
 from orchestrator.config.settings import Command, JobConfig
+from orchestrator.config.text import printable, shown
 from orchestrator.config.validation import ConfigError, validate
 from orchestrator.host.connect import transport_for
 from orchestrator.host.launch import stop_worker
+from orchestrator.host.proof import NotProven, prove_folder, prove_worker
 from orchestrator.host.run_folder import WorkerStatus, run_dir_for, worker_status
 from orchestrator.host.transport import CONNECTION_ERRORS, Transport
 from orchestrator.lifecycle.display import LiveProgress, summary_table
@@ -43,6 +50,7 @@ from orchestrator.lifecycle.interrupt import CtrlC
 from orchestrator.lifecycle.job import (
     CANCELLED_BY_USER,
     Job,
+    check_resume_point,
     conclude,
     ended_on_its_own,
     follow,
@@ -54,7 +62,7 @@ from orchestrator.lifecycle.job import (
     request_cancel,
     sync,
 )
-from orchestrator.stream.state import StateStore, StreamState
+from orchestrator.stream.state import Launched, StateStore, StreamState
 from orchestrator.sweep import Sweep, assign_host, current_sweep, record_job_error
 from orchestrator.sweep.slurm import (
     STOP_GRACE_S,
@@ -62,14 +70,17 @@ from orchestrator.sweep.slurm import (
     SlurmSignals,
     StartedRun,
     current_slurm_job,
+    job_fields,
+    mark_job,
     record_run,
     recorded_run,
+    slurm_job_problem,
 )
 from orchestrator.tracking import tags
 from orchestrator.tracking.client import TrackingUnavailable, open_tracking, outages_named
 from orchestrator.tracking.gitinfo import git_info
 from orchestrator.tracking.location import located
-from orchestrator.tracking.runs import attach_command, create_job_run, end_unstarted_job, run_url
+from orchestrator.tracking.runs import create_job_run, end_unstarted_job, run_url
 from orchestrator.tracking.status import CONFIG_ERROR_EXIT, Outcome, RunStatus, Stage
 
 CANNOT_BEGIN_EXIT = 1
@@ -105,7 +116,10 @@ def _run_job(cfg: DictConfig) -> int:
     for chatty in ("alembic", "mlflow", "urllib3"):  # a local store's migrations, retries we report ourselves
         logging.getLogger(chatty).setLevel(logging.WARNING)
     try:
-        config = replace(validate(assign_host(cfg)), host_overrides=_host_overrides())
+        overrides = _task_overrides()
+        config = replace(
+            validate(assign_host(cfg)), host_overrides=_host_overrides(overrides), carried=carried(overrides)
+        )
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         record_job_error(f"config error: {exc}")
@@ -155,11 +169,19 @@ def _run(
     if slurm is not None:
         job_tags[tags.SLURM_JOB_ID] = slurm.job_id
     with outages_named():
-        experiment_id, run_id = create_job_run(
+        created = create_job_run(
             client, config, _task_overrides(), git_info(), job_tags, _swept_values(sweep) if sweep else None
         )
+    experiment_id, run_id = created.experiment_id, created.run_id
+    store.note_launched(  # what `last` means: this user's own record, never the tracking store's newest run
+        Launched(run_id, config.host.name, config.host.workdir, created.name, time.time(), os.getsid(0),
+                 sweep.job_num if sweep is not None else None)
+    )  # fmt: skip
     if slurm is not None:  # before the worker exists: a requeue from here on resumes this run
         record_run(_job_folder(), slurm, StartedRun(run_id, experiment_id))
+        if (refused := mark_job(slurm, run_id)) is not None:
+            console.print(f"[yellow]{slurm.describe()}: its comment could not name the run ({escape(refused)}); "
+                          "`cancel=` of this run will refuse to scancel it[/yellow]")  # fmt: skip
     if sweep is not None and (reason := sweep.cancelled()) is not None:
         end_unstarted_job(client, run_id, reason)
         console.print(f"[yellow]job #{sweep.job_num} not started: {reason}[/yellow]")
@@ -212,15 +234,15 @@ def attach_command_(config: JobConfig, console: Console, transport_for: Transpor
     """Follow a run started earlier, from where its event log was last read, to its end."""
     client = open_tracking(config.tracking)
     store = open_state(config)
-    found = attached_state(client, store, config)
-    state, config = found.state, found.config
+    found = attached_state(client, store, config, console)
+    state = found.state
     if store.lock(state.run_id) is None:
         raise ConfigError(
             f"run {state.run_id} is followed by another orchestrator here (pid {store.holder(state.run_id)}); "
             "stop that one first"
         )
     transport = transport_for(config)
-    if (code := _reach(config, transport)) is not None or (code := _findable(config, transport, found)) is not None:
+    if (code := _reach(config, transport)) is not None or (code := _proven(config, transport, found)) is not None:
         store.release(state.run_id)
         return code
     experiment_id, started_s_ago = found.experiment_id, found.started_s_ago
@@ -230,16 +252,21 @@ def attach_command_(config: JobConfig, console: Console, transport_for: Transpor
 
 
 def cancel_command(config: JobConfig, console: Console, transport_for: TransportFactory) -> int:
-    """Stop a run's worker (SIGTERM, then SIGKILL), apply what it wrote last, end the run KILLED."""
+    """Stop a run's worker (SIGTERM, then SIGKILL), apply what it wrote last, end the run KILLED; say what
+    happened, once it has happened."""
     client = open_tracking(config.tracking)
     store = open_state(config)
-    found = attached_state(client, store, config)
-    state, config = found.state, found.config
+    try:
+        found = attached_state(client, store, config, console)
+    except RunEnded as ended:  # nothing to stop: say so, as done (the run is not running, as asked)
+        console.print(f"{ended}; nothing was cancelled", markup=False, highlight=False)
+        return 0
+    state = found.state
     transport = transport_for(config)
-    if (code := _reach(config, transport)) is not None or (code := _findable(config, transport, found)) is not None:
+    if (code := _reach(config, transport)) is not None or (code := _proven(config, transport, found)) is not None:
         return code
     if found.slurm_job is not None:  # its follower is a Slurm job, maybe on another node: Slurm stops it
-        return _cancel_slurm_job(config, console, transport, state, found.slurm_job)
+        return _cancel_slurm_job(config, console, client, transport, state, found.slurm_job)
     if store.lock(state.run_id) is None:  # someone follows it: stop the worker, the follower ends the run
         return _stop_followed(config, console, transport, state, store.holder(state.run_id))
     # (the lock is let go by _follow, when this command is done with the run)
@@ -260,26 +287,33 @@ def _reach(config: JobConfig, transport: Transport) -> int | None:
     return None
 
 
-def _findable(config: JobConfig, transport: Transport, found: Attached) -> int | None:
-    """The run's folder is where the run says it is, or the command stops here with one line and changes
-    nothing (a run whose folder was never written, its orchestrator stopped before the launch, is ended by
-    attach and cancel as one that never started); None when it is there to follow."""
-    if found.run_dir is None:
-        return None
+def _proven(config: JobConfig, transport: Transport, found: Attached) -> int | None:
+    """Before anything is applied, uploaded or signalled: the host proves that the run's folder (and its live
+    worker) are the run's own (`host/proof.py`), or the command stops with one line naming what did not
+    match and changes nothing. A run whose folder was never written (its orchestrator stopped before the
+    launch) is ended by attach and cancel as one that never started. None when proven."""
+    run_id, workdir = found.state.run_id, config.host.workdir
     try:
-        missing = worker_status(transport, found.state.run_dir).state == "missing"
+        status = worker_status(transport, found.state.run_dir)
+        if status.state == "missing" and not found.launched:
+            return None
+        proof = prove_worker(transport, workdir, run_id, status)
     except Exception as exc:  # noqa: BLE001 - as every command's connect failure
         print(f"{config.host.name}: {exc}", file=sys.stderr)
         transport.close()
         return RunStatus.FAILED.exit_code
-    if not missing:
+    if proof.problem is None:
         return None
     transport.close()
-    print(
-        f"{config.host.name}: run {found.state.run_id[:8]} has no folder at {found.state.run_dir}, where the run "
-        "says it lives; nothing was changed",
-        file=sys.stderr,
-    )
+    if proof.facts.folder == "missing":
+        print(
+            f"{config.host.name}: run {run_id[:8]} has no folder at {found.state.run_dir}, where it lives in "
+            "host.workdir; nothing was changed",
+            file=sys.stderr,
+        )
+    else:
+        print(f"{config.host.name}: run {run_id[:8]} is not proven yours: {proof.problem}; nothing was changed",
+              file=sys.stderr)  # fmt: skip
     return RunStatus.FAILED.exit_code
 
 
@@ -290,6 +324,9 @@ def _stop_followed(config: JobConfig, console: Console, transport: Transport, st
         transport.open()
         before = _mark_cancelled(transport, state.run_dir)
         final = stop_worker(transport, state.run_dir, config.orchestrator.kill_grace_s) if before.alive else before
+    except NotProven as refused:
+        print(f"{config.host.name}: {refused}; nothing was changed", file=sys.stderr)
+        return RunStatus.FAILED.exit_code
     except Exception as exc:  # noqa: BLE001 - one line, as every command's connect failure
         print(f"{config.host.name}: {exc}", file=sys.stderr)
         return RunStatus.FAILED.exit_code
@@ -297,7 +334,7 @@ def _stop_followed(config: JobConfig, console: Console, transport: Transport, st
         transport.close()
     follower = f"the orchestrator following it (pid {pid})"
     if not before.alive:
-        console.print(f"{state.run_id}: nothing to stop ({before.describe()}); {follower} ends the run")
+        console.print(f"{state.run_id}: its worker had already ended ({before.describe()}); {follower} records its end")
     elif final.alive:
         print(f"{config.host.name}: the worker of {state.run_id} did not stop ({final.describe()})", file=sys.stderr)
         return RunStatus.FAILED.exit_code
@@ -306,9 +343,17 @@ def _stop_followed(config: JobConfig, console: Console, transport: Transport, st
     return 0
 
 
-def _cancel_slurm_job(config: JobConfig, console: Console, transport: Transport, state: StreamState, job: str) -> int:
-    """A run a Slurm job follows: leave the cancel mark, then `scancel` the job. The job stops the worker
-    (on its own node: a pid means nothing on this machine) and ends the run KILLED, cancelled by the user."""
+def _cancel_slurm_job(
+    config: JobConfig, console: Console, client: MlflowClient, transport: Transport, state: StreamState, job: str
+) -> int:
+    """A run a Slurm job follows: leave the cancel mark, then `scancel` the job, only once Slurm shows it is this
+    user's job and carries the run id (`sweep/slurm.py`). The job stops the worker (on its own node: a pid
+    means nothing on this machine) and ends the run KILLED; this command says what Slurm and the run did."""
+    refusal = slurm_job_problem(job, state.run_id)
+    if refusal is not None:
+        transport.close()
+        print(f"cancel: {refusal}; nothing was cancelled", file=sys.stderr)
+        return RunStatus.FAILED.exit_code
     try:
         request_cancel(transport, state.run_dir)
     except Exception as exc:  # noqa: BLE001 - one line, as every command's connect failure
@@ -316,12 +361,32 @@ def _cancel_slurm_job(config: JobConfig, console: Console, transport: Transport,
         return RunStatus.FAILED.exit_code
     finally:
         transport.close()
-    done = subprocess.run(["scancel", job], capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(["scancel", "--", job], capture_output=True, text=True, timeout=60, check=False)
     if done.returncode != 0:
         print(f"scancel {job}: {done.stderr.strip() or f'exit code {done.returncode}'}", file=sys.stderr)
         return RunStatus.FAILED.exit_code
-    console.print(f"cancelled {state.run_id}: scancel {job}; the Slurm job stops its worker and ends the run KILLED")
+    ended = _await_end(client, state.run_id, config.orchestrator.kill_grace_s + STOP_GRACE_S + 30)
+    slurm_said = job_fields(job).get("JobState", "no answer")
+    if ended is None:
+        print(f"scancel {job} returned, Slurm says {slurm_said}, but run {state.run_id} is still RUNNING in MLflow; "
+              f"`{cancel_command_text(config, state.run_id)}` again, or look at the job", file=sys.stderr)  # fmt: skip
+        return RunStatus.FAILED.exit_code
+    verb = "cancelled" if ended == "KILLED" else f"{state.run_id} ended {ended} before the cancel reached it:"
+    console.print(f"{verb} {state.run_id}: Slurm job {job} {slurm_said}; the run ended {ended}")
     return 0
+
+
+def _await_end(client: MlflowClient, run_id: str, timeout_s: float) -> str | None:
+    """The run's status once it has ended, waiting up to `timeout_s`; None if it is still running then."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with contextlib.suppress(MlflowException, TrackingUnavailable), outages_named():
+            status = client.get_run(run_id).info.status
+            if status != "RUNNING":
+                return str(status)
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(1.0)
 
 
 def _mark_cancelled(transport: Transport, run_dir: str) -> WorkerStatus:
@@ -358,8 +423,9 @@ def list_command(config: JobConfig, console: Console, transport_for: TransportFa
 def logs_command(config: JobConfig, console: Console, transport_for: TransportFactory) -> int:
     """The worker's stderr and log lines (follow=true: until the worker ends; Ctrl-C stops reading only).
 
-    The run's folder is where the run says it lives (its tags); without MLflow, a full run id is looked for
-    in the config's work folder."""
+    The run's folder is `host.workdir/runs/<run id>` of the configured work folder (its tags are checked
+    against the config, `tracking/location.py`); without MLflow, a full run id is looked for there. Nothing is
+    printed from a folder the host does not prove the run's own (`host/proof.py`)."""
     run_id = str(config.run_id)
     try:
         client = open_tracking(config.tracking)
@@ -368,11 +434,17 @@ def logs_command(config: JobConfig, console: Console, transport_for: TransportFa
             raise
         console.print(f"[yellow]{exc}: looking for the run in {config.host.workdir}[/yellow]")
     else:
-        run_id = find_run(client, config)
-        config = located(config, run_id, _the_run(client, run_id).data.tags)
+        run_id = find_run(client, config, open_state(config), console)
+        for note in located(config, run_id, _the_run(client, run_id).data.tags).notes:
+            console.print(f"[yellow]{escape(note)}[/yellow]")
     transport = transport_for(config)
     try:
         transport.open()
+        proof = prove_folder(transport, config.host.workdir, run_id)
+        if proof.problem is not None and proof.facts.folder != "missing":
+            print(f"{config.host.name}: run {run_id[:8]} is not proven yours: {proof.problem}; nothing was read",
+                  file=sys.stderr)  # fmt: skip
+            return RunStatus.FAILED.exit_code
         with CtrlC(console) as ctrl_c:
             return print_logs(
                 console, transport, run_dir_for(config.host.workdir, run_id), config.follow,
@@ -414,6 +486,7 @@ def _launch_body(job: Job) -> Outcome:
 def _attach_body(job: Job) -> Outcome:
     open_host(job, leave_if_unreachable=True)
     job.launched = True
+    check_resume_point(job)
     return conclude(job, follow(job))
 
 
@@ -431,11 +504,19 @@ def _resume_body(job: Job) -> Outcome:
 
 
 def _cancel_body(job: Job) -> Outcome:
+    """Stop the worker if it still runs (the lifecycle's stop, on `Interrupted`); a worker that had already
+    ended keeps its end, which this command records and names as such."""
     open_host(job, leave_if_unreachable=True)
     job.launched = True
-    with contextlib.suppress(*CONNECTION_ERRORS):  # the mark is for a later attach; this command ends the run
-        _mark_cancelled(job.transport, job.state.run_dir)
-    raise Interrupted(CANCELLED_BY_USER)
+    check_resume_point(job)
+    try:
+        before = _mark_cancelled(job.transport, job.state.run_dir)
+    except CONNECTION_ERRORS:  # the mark is for a later attach; this command stops and ends the run
+        before = WorkerStatus("running")
+    if before.alive:
+        raise Interrupted(CANCELLED_BY_USER)
+    job.found_ended = True
+    return conclude(job, follow(job))
 
 
 # -- shared by the commands ---------------------------------------------------------------------------------
@@ -454,10 +535,13 @@ class Attached:
     experiment_id: str
     state: StreamState
     started_s_ago: float  # for the start deadline
-    model: str  # the run's own (its `model` tag): the command line's `model=` is only its default
-    config: JobConfig  # the command's, with the host placed where the run lives (its own record)
-    run_dir: str | None = None  # its folder on the host, once its launch wrote one (the run's record)
-    slurm_job: str | None = None  # the Slurm job that follows it (a sweep job of submitit_slurm)
+    model: str  # the run's own (its `model` tag, escaped): the command line's `model=` is only its default
+    launched: bool = False  # its tags say its launch wrote its folder (a hint: the host's proof decides)
+    slurm_job: str | None = None  # the Slurm job that follows it (a sweep job of submitit_slurm), as tagged
+
+
+class RunEnded(ConfigError):
+    """The run the command names has already ended in MLflow."""
 
 
 def _the_run(client: MlflowClient, run_id: str) -> Run:
@@ -469,29 +553,45 @@ def _the_run(client: MlflowClient, run_id: str) -> Run:
         raise ConfigError(f"no MLflow run {run_id} at this tracking URI") from exc
 
 
-def attached_state(client: MlflowClient, store: StateStore, config: JobConfig) -> Attached:
-    """Where the last orchestrator of this run stopped: its state file, else the run's own tags."""
-    run_id = find_run(client, config)
+def attached_state(client: MlflowClient, store: StateStore, config: JobConfig, console: Console) -> Attached:
+    """Where the last orchestrator of this run stopped: its state file, else the run's own tags, each checked
+    against the config (`tracking/location.py`): what differs is said in one line before anything is done."""
+    run_id = find_run(client, config, store, console)
     run = _the_run(client, run_id)
     if run.info.status != "RUNNING":
-        raise ConfigError(f"run {run_id} has already ended ({run.info.status})")
-    config = located(config, run_id, run.data.tags)
-    state = store.load(run_id) or _state_from_tags(config, run_id, run.data.tags)
+        raise RunEnded(f"run {run_id} has already ended ({run.info.status})")
+    where = located(config, run_id, run.data.tags)
+    for note in where.notes:
+        console.print(f"[yellow]{escape(note)}[/yellow]")
+    state = store.load(run_id)
+    if state is not None and state.run_dir != where.run_dir:
+        raise ConfigError(
+            f"run {run_id[:8]} was launched from here into {posixpath.dirname(posixpath.dirname(state.run_dir))}; "
+            f"this command's host.workdir is {config.host.workdir}: give host.workdir= that folder"
+        )
+    if state is None:
+        state = _state_from_tags(config, run_id, run.data.tags, console)
     started_s_ago = max(0.0, time.time() - run.info.start_time / 1000)
-    model, slurm_job = run.data.tags.get(tags.MODEL) or "?", run.data.tags.get(tags.SLURM_JOB_ID)
-    run_dir = run.data.tags.get(tags.HOST_RUN_DIR)
-    return Attached(run.info.experiment_id, state, started_s_ago, model, config, run_dir, slurm_job)
+    model = printable(run.data.tags.get(tags.MODEL) or "?")[:80]
+    launched = tags.HOST_RUN_DIR in run.data.tags
+    return Attached(run.info.experiment_id, state, started_s_ago, model, launched, run.data.tags.get(tags.SLURM_JOB_ID))
 
 
-def _state_from_tags(config: JobConfig, run_id: str, run_tags: dict[str, str]) -> StreamState:
-    """Where the stream stands, from the run's own tags (another machine's orchestrator followed it)."""
-    return StreamState(
-        run_id=run_id,
-        host=config.host.name,
-        run_dir=run_dir_for(config.host.workdir, run_id),
-        last_seq=int(run_tags.get(tags.LAST_SEQ, -1)),
-        offset=int(run_tags.get(tags.OFFSET, 0)),
-    )
+def _state_from_tags(config: JobConfig, run_id: str, run_tags: dict[str, str], console: Console) -> StreamState:
+    """Where the stream stands, from the run's own tags (another machine's orchestrator followed it). A cursor
+    that is not a valid one is said, and the log is applied from its start (MLflow keeps one row per metric,
+    step, time and value, so what was applied before lands once): nothing is skipped on a tag's word."""
+    state = StreamState(run_id=run_id, host=config.host.name, run_dir=run_dir_for(config.host.workdir, run_id))
+    try:
+        last_seq = host_values.integer(run_tags.get(tags.LAST_SEQ, "-1"), -1)
+        offset = host_values.integer(run_tags.get(tags.OFFSET, "0"), 0)
+    except ValueError as exc:
+        raw = f"{tags.LAST_SEQ}={shown(run_tags.get(tags.LAST_SEQ))}, {tags.OFFSET}={shown(run_tags.get(tags.OFFSET))}"
+        console.print(f"[yellow]run {run_id[:8]}: its stream cursor ({escape(raw)}) {exc}: the event log is applied "
+                      "from its start[/yellow]")  # fmt: skip
+        return state
+    state.last_seq, state.offset = last_seq, offset
+    return state
 
 
 def _follow(
@@ -561,11 +661,8 @@ def _report(console: Console, job: Job, outcome: Outcome) -> int:
         console.print("The run stays RUNNING in MLflow. Finish following it with:")
         console.print(f"  {command}", soft_wrap=True, markup=False, highlight=False)
         return outcome.status.exit_code
-    if config.command is Command.CANCEL:  # done as asked: the run has ended, whatever its status
-        console.print(
-            f"cancelled {run_id}: the run ends {outcome.status.value}"
-            + (f" ({outcome.error})" * bool(outcome.status is not RunStatus.KILLED and outcome.error))
-        )
+    if config.command is Command.CANCEL:  # done as asked: the run has ended, and the line says how
+        console.print(cancel_outcome(run_id, outcome, job.found_ended), markup=False, highlight=False)
         return 0
     if outcome.status is RunStatus.FAILED and outcome.stage is Stage.WORKER and job.stderr_tail:
         console.print("[red]last lines of the worker's stderr:[/red]")
@@ -578,6 +675,18 @@ def _report(console: Console, job: Job, outcome: Outcome) -> int:
     # On a line of its own and never folded, so that it can be clicked or pasted whatever the width.
     console.print(run_url(job.client, job.experiment_id, run_id), soft_wrap=True, markup=False, highlight=False)
     return outcome.code
+
+
+def cancel_outcome(run_id: str, outcome: Outcome, found_ended: bool) -> str:
+    """What a cancel did, said after it was done: the worker stopped by it, one that had already ended, or one
+    that ended on its own while the cancel was on its way."""
+    status = outcome.status.value
+    why = f" ({outcome.error})" if outcome.error and outcome.status is not RunStatus.KILLED else ""
+    if found_ended:
+        return f"{run_id} had already ended before the cancel: the run ends {status}{why}; nothing was stopped"
+    if outcome.status is RunStatus.KILLED:
+        return f"cancelled {run_id}: its worker was stopped and the run ends KILLED"
+    return f"{run_id} finished before the cancel reached it: the run ends {status}{why}"
 
 
 def _stopping(ctrl_c: CtrlC, slurm: SlurmSignals) -> Callable[[], None]:
@@ -612,10 +721,10 @@ def _task_overrides() -> list[str]:
     return list(HydraConfig.get().overrides.task)
 
 
-def _host_overrides() -> frozenset[str]:
+def _host_overrides(overrides: list[str]) -> frozenset[str]:
     """The `host.*` keys set on the command line (`host.workdir=...`), which a run's own record must not
     silently replace (`tracking/location.py`)."""
-    keys = (str(o).lstrip("+~").partition("=")[0] for o in _task_overrides())
+    keys = (str(o).lstrip("+~").partition("=")[0] for o in overrides)
     return frozenset(key for key in keys if key.startswith("host."))
 
 

@@ -1,6 +1,4 @@
-"""The commands that look rather than run: `list` (what is on a host) and `logs` (what a worker said), and
-how a run is named on the command line (`find_run`: an id, a unique prefix, or `last`).
-"""
+"""The commands that look rather than run: `list` (what is on a host) and `logs` (what a worker said)."""
 
 from __future__ import annotations
 
@@ -18,55 +16,19 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from orchestrator.cli.run_ref import host_runs
+from orchestrator.config.commands import attach_command
 from orchestrator.config.settings import JobConfig
-from orchestrator.config.validation import ConfigError
 from orchestrator.host.run_folder import STDERR_FILE, WorkerStatus, worker_status
 from orchestrator.host.transport import Transport
 from orchestrator.stream.events import EVENTS_FILE, Event, parse_chunk, progress_text
 from orchestrator.tracking import tags
-from orchestrator.tracking.client import outages_named
-from orchestrator.tracking.runs import attach_command
 
-MAX_RUNS = 1000
 UNRECORDED = "ended, not recorded yet"  # the worker is gone, the run RUNNING in MLflow: `attach` records its end
 WRAP_AT = 12  # the narrowest a wrapping column of the list gets (`ended, not` / `recorded yet`)
 PROGRESS_ROOM = 24  # what the list's progress column gets before the others wrap or give way
 KINDS = {"ddtree_gdn": "decode", "probe": "probe", "node_cost": "node cost"}  # experiment → the list's `what`
 LOG_TAIL_BYTES = 256 * 1024  # enough for the last progress event and the end's best.* lines
-
-
-def host_runs(client: MlflowClient, host: str) -> list[Run]:
-    """The job runs of `host` in MLflow (no method children, no sweep parents), newest first."""
-    with outages_named():
-        experiments = [e.experiment_id for e in client.search_experiments()]
-        found = client.search_runs(
-            experiments, f"tags.`{tags.HOST}` = '{host}'", max_results=MAX_RUNS, order_by=["attributes.start_time DESC"]
-        )
-    return [r for r in found if tags.SCOPE not in r.data.tags and tags.ROLE not in r.data.tags]
-
-
-def find_run(client: MlflowClient, config: JobConfig) -> str:
-    """The full run id the command line names: itself, the one run whose id starts with it, or `last`."""
-    reference = str(config.run_id)
-    if len(reference) == 32:
-        return reference
-    runs = host_runs(client, config.host.name)
-    if reference == "last":  # this host and work folder's newest run; attach and cancel: the newest still running
-        here = config.host.workdir
-        runs = [r for r in runs if r.data.tags.get(tags.HOST_WORKDIR, here) == here]
-        running = [r for r in runs if r.info.status == "RUNNING"]
-        chosen = running if running and config.command.value in ("attach", "cancel") else runs
-        if not chosen:
-            raise ConfigError(f"no run of host {config.host.name} in {here} in this tracking store")
-        return chosen[0].info.run_id
-    matches = [r.info.run_id for r in runs if r.info.run_id.startswith(reference)]
-    if not matches:
-        raise ConfigError(f"no run of host {config.host.name} has an id starting with {reference}")
-    if len(matches) > 1:
-        raise ConfigError(
-            f"{reference} names {len(matches)} runs ({', '.join(m[:8] for m in matches[:4])}…): give more"
-        )
-    return matches[0]
 
 
 # -- list ---------------------------------------------------------------------------------------------------

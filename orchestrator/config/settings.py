@@ -150,6 +150,8 @@ class JobConfig:
     worker_sections: dict[str, Any]  # experiment, model, decode, probe: the spec's content
     resolved: dict[str, Any]  # the whole resolved config, for params and config.yaml (redacted there)
     host_overrides: frozenset[str] = frozenset()  # the `host.*` keys the command line set (`tracking/location.py`)
+    carried: tuple[str, ...] = ()  # the overrides a printed command repeats (`config/commands.py`)
+    yes: bool = False  # cancel=last without asking
 
     @classmethod
     def from_resolved(cls, config: dict[str, Any]) -> JobConfig:
@@ -182,6 +184,7 @@ class JobConfig:
             fail_fast=bool(config["sweep"]["fail_fast"]),
             follow=bool(config.get("follow", False)),
             list_all=config["list"] == "all",
+            yes=bool(config.get("yes", False)),
             worker_sections={k: config[k] for k in ("experiment", "model", "decode", "probe")},
             resolved=config,
         )

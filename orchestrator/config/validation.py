@@ -6,7 +6,7 @@ import difflib
 import json
 import math
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from orchestrator.config import host_values
 from orchestrator.config.checkpoints import local_checkpoint
 from orchestrator.config.prompt_lengths import PromptTooShort, prompt_lengths
 from orchestrator.config.prompts import resolve_prompts
@@ -138,15 +139,24 @@ def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
+def _host_value(key: str, value: Any, check: Callable[[Any], Any], what: str = "") -> None:
+    """One host value through its schema (`host_values.py`, shared with the tags a run records)."""
+    try:
+        check(value)
+    except ValueError as exc:
+        raise ConfigError(f"{key}={str(value)[:80]!r} {exc}{what}") from exc
+
+
 def _check_ssh_host(container: dict[str, Any]) -> None:
     if not str(_get(container, "host.hostname") or "").strip():
         raise ConfigError("host.hostname must name the host (an address or a ~/.ssh/config alias)")
+    _host_value("host.hostname", _get(container, "host.hostname"), host_values.hostname)
     python = _get(container, "host.python")
     if not str(python or "").startswith("/"):
         raise ConfigError(f"host.python={python!r} must be the absolute path of the host's Python")
     port = _get(container, "host.port")
-    if port is not None and (not _positive_int(port) or port > 65535):
-        raise ConfigError(f"host.port={port!r} must be a port number (1-65535) or null")
+    if port is not None:
+        _host_value("host.port", port, host_values.port, " or null")
     for key in ("host.connect_timeout_s", "host.keepalive_s"):
         if _number(container, key, minimum=0) == 0:
             raise ConfigError(f"{key} must be > 0")
@@ -161,6 +171,10 @@ def _check_ssh_host(container: dict[str, Any]) -> None:
         value = container["host"].get(key)  # optional: null (or empty) leaves it to ~/.ssh/config
         if isinstance(value, (bool, dict, list)):
             raise ConfigError(f"host.{key}={value!r} must be null or {meaning}")
+    for key, check in (("user", host_values.user), ("proxy_jump", host_values.gateway)):
+        value = container["host"].get(key)
+        if value not in (None, ""):
+            _host_value(f"host.{key}", value, check)
     known_hosts = container["host"].get("known_hosts")
     if not isinstance(known_hosts, str) or not known_hosts.strip():
         raise ConfigError(f"host.known_hosts={known_hosts!r} must be the path of a known_hosts file")
@@ -298,6 +312,7 @@ def resolve_config(cfg: DictConfig) -> dict[str, Any]:
     for key in ("host.workdir", "host.gpu_lock_dir"):
         if not str(_get(container, key)).startswith("/"):
             raise ConfigError(f"{key}={_get(container, key)!r} must be an absolute path")
+    _host_value("host.workdir", _get(container, "host.workdir"), host_values.folder)
     python = _get(container, "host.python")
     if python is not None and not str(python).strip():
         raise ConfigError("host.python must be null (this interpreter) or a path to a Python interpreter")
@@ -330,7 +345,7 @@ def resolve_config(cfg: DictConfig) -> dict[str, Any]:
     pool = _get(container, "sweep.hosts")
     if not isinstance(pool, list) or not all(isinstance(name, str) and name for name in pool):
         raise ConfigError(f"sweep.hosts={pool!r} must be a list of host config names (conf/host/)")
-    for key in ("detach", "follow", "sweep.fail_fast"):
+    for key in ("detach", "follow", "sweep.fail_fast", "yes"):
         if not isinstance(_get(container, key), bool):
             raise ConfigError(f"{key} must be true or false")
     if _get(container, "list") not in (True, False, "all"):

@@ -23,6 +23,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from rich.console import Console
 
+from orchestrator.config.commands import attach_command, cancel_command
 from orchestrator.config.prompts import prompts_file_text
 from orchestrator.config.redaction import redact_text
 from orchestrator.config.settings import JobConfig
@@ -58,7 +59,7 @@ from orchestrator.tracking import tags
 from orchestrator.tracking.client import TrackingUnavailable, outages_named, short_reason
 from orchestrator.tracking.job_summary import generation_rows, prompt_dataset, summarize
 from orchestrator.tracking.plots import SUMMARY_FILE, plot_decode_summary
-from orchestrator.tracking.runs import attach_command, cancel_command, end_run, mark_detached
+from orchestrator.tracking.runs import end_run, mark_detached
 from orchestrator.tracking.status import CANCELLED_ELSEWHERE_EXIT, Outcome, RunStatus, Stage
 from remote_worker.prompt_set import RUN_PROMPTS_FILE
 
@@ -89,6 +90,7 @@ class Job:
     launched: bool = False  # a worker may be running: every failure from here on stops it
     tracking_down: bool = False  # the last call to MLflow found it unreachable
     interrupted: bool = False  # Ctrl-C or a cancel: nothing waits any more
+    found_ended: bool = False  # cancel: the worker had ended before the cancel came (its end is only recorded)
     stderr_tail: list[str] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
     _mirror: EventMirror | None = None
@@ -243,6 +245,27 @@ def ended_on_its_own(job: Job) -> bool:
     end = job.mirror.end
     data = end.data if end is not None and isinstance(end.data, dict) else {}
     return end is not None and RunStatus.from_worker(data.get("status")) is not RunStatus.KILLED
+
+
+def check_resume_point(job: Job) -> None:
+    """A run picked up from elsewhere resumes where its stream state says (its own state file, or its tags):
+    read the host's log first and check that the cursor lies on it, at a line's end, just after the event it
+    names. Anything else (a tag forged or a log that changed) is said in one line, and the log is applied
+    from its start; MLflow keeps one row per metric, step, time and value, so nothing lands twice and
+    nothing is skipped on a cursor's word."""
+    state = job.state
+    if state.offset == 0 and state.last_seq == -1:
+        return
+    with contextlib.suppress(*CONNECTION_ERRORS):  # what cannot be read now is checked against what was
+        job.mirror.pull(job.transport)
+    problem = job.mirror.cursor_problem(state.offset, state.last_seq)
+    if problem is None:
+        return
+    job.live.note(
+        f"[yellow]run {state.run_id[:8]}: its stream cursor (offset {state.offset}, seq {state.last_seq}) "
+        f"{problem}: its event log is applied from the start[/yellow]"
+    )
+    state.offset, state.last_seq = 0, -1
 
 
 def follow(job: Job) -> WorkerStatus:

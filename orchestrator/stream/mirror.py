@@ -119,6 +119,22 @@ class EventMirror:
         events, _bad, consumed = parse_chunk(chunk[:end], offset)
         return events, offset + consumed
 
+    def cursor_problem(self, offset: int, last_seq: int) -> str | None:
+        """Why (`offset`, `last_seq`) is not a point this log was applied up to; None when it is: the offset
+        lies within what was read, at a line's end, and the event before it has `last_seq`."""
+        if offset < 0 or last_seq < -1:
+            return "is negative"
+        if offset > self.size:
+            return f"lies past the end of the event log ({self.size} bytes read)"
+        before = self._read(0)[:offset]
+        if offset and not before.endswith(b"\n"):
+            return "does not fall at the end of a line"
+        events, _bad, _ = parse_chunk(before, 0)
+        seq = events[-1].seq if events else -1
+        if seq != last_seq:
+            return f"names seq {last_seq}, but the event there is seq {seq}"
+        return None
+
     def waiting(self, last_applied_seq: int, offset: int) -> int:
         """How many read events MLflow has not been told yet."""
         events, _ = self.events_after(offset)

@@ -86,6 +86,42 @@ def job_fields(job_id: str) -> dict[str, str]:
     return fields
 
 
+# -- which run a Slurm job follows: said by the job itself, checked before anyone cancels it -------------------
+
+RUN_COMMENT = "ddtree-run:"  # the job's Slurm comment, before the run id (`mark_job`)
+JOB_ID = re.compile(r"[0-9]{1,12}(?:_[0-9]{1,9})?")
+
+
+def mark_job(job: SlurmJob, run_id: str) -> str | None:
+    """Put the run id into the job's Slurm comment (`ddtree-run:<run id>`), where `cancel=` looks for it before
+    it cancels the job; the run exists only once the job has started, so the job says it itself. Returns
+    why it could not (Slurm refused), or None."""
+    argv = ["scontrol", "update", f"JobId={job.job_id}", f"Comment={RUN_COMMENT}{run_id}"]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=_SCONTROL_TIMEOUT_S, check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None if done.returncode == 0 else (done.stderr.strip() or f"exit code {done.returncode}")
+
+
+def slurm_job_problem(job_id: str, run_id: str) -> str | None:
+    """Why the Slurm job a run's `slurm.job_id` tag names must not be cancelled for it; None when Slurm shows
+    it is a job of this user's whose comment (or name) carries the run id. The tag is a claim: an id that is
+    not a job id (`--user=x` would cancel every job of the user), someone else's job, or a job of another
+    run is refused."""
+    if not JOB_ID.fullmatch(job_id or ""):
+        return f"the run's slurm.job_id tag {job_id[:40]!r} is not a Slurm job id"
+    fields = job_fields(job_id)
+    if not fields:
+        return f"Slurm knows no job {job_id} (scontrol show job said nothing)"
+    owner = re.search(r"\((\d+)\)", fields.get("UserId", ""))
+    if owner is None or int(owner[1]) != os.getuid():
+        return f"Slurm job {job_id} belongs to {fields.get('UserId', 'nobody known')}, not to you (uid {os.getuid()})"
+    if run_id not in fields.get("Comment", "") and run_id not in fields.get("JobName", ""):
+        return f"Slurm job {job_id} does not carry run {run_id[:8]} in its comment or name: not this run's job"
+    return None
+
+
 def seconds(duration: str) -> float | None:
     """Slurm's `[days-]hours:minutes:seconds` (or `minutes:seconds`) in seconds; None for UNLIMITED and the like."""
     match = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", duration.strip())

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-import shlex
+import getpass
+import socket
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -57,6 +59,13 @@ def run_name(config: JobConfig, varying: Mapping[str, str] | None = None) -> str
     return " · ".join([" ".join(first), *([" ".join(rest)] if rest else []), time.strftime("%m-%d %H:%M")])
 
 
+@dataclass(frozen=True)
+class CreatedRun:
+    experiment_id: str
+    run_id: str
+    name: str
+
+
 def create_job_run(
     client: MlflowClient,
     config: JobConfig,
@@ -64,10 +73,12 @@ def create_job_run(
     git: GitInfo,
     extra_tags: Mapping[str, str] | None = None,
     varying: Mapping[str, str] | None = None,
-) -> tuple[str, str]:
-    """Create the job's run with its tags, params and config artifacts; return (experiment id, run id).
+) -> CreatedRun:
+    """Create the job's run with its tags, params and config artifacts.
 
-    `extra_tags` place a sweep's job under the sweep's parent run."""
+    `extra_tags` place a sweep's job under the sweep's parent run. The run records who launched it from
+    where (`launch.user`, `launch.machine`): for people reading the store, never believed by the tool (`last`
+    comes from the launching user's own state folder)."""
     experiment_id = ensure_experiment(client, config.experiment_name, config.tracking.artifact_root)
     run_tags = {
         tags.HOST: config.host.name,
@@ -77,9 +88,12 @@ def create_job_run(
         tags.GIT_DIRTY: str(git.dirty).lower(),
         tags.SOURCE_GIT_COMMIT: git.commit,
         tags.HYDRA_OVERRIDES: overrides_tag(overrides),
+        tags.LAUNCH_USER: getpass.getuser(),
+        tags.LAUNCH_MACHINE: socket.gethostname(),
         **(extra_tags or {}),
     }
-    run = client.create_run(experiment_id, run_name=run_name(config, varying), tags=run_tags)
+    name = run_name(config, varying)
+    run = client.create_run(experiment_id, run_name=name, tags=run_tags)
     run_id = run.info.run_id
     params = [Param(k, v) for k, v in to_params(config.resolved, MAX_PARAM_VAL_LENGTH).items()]
     for start in range(0, len(params), MAX_PARAMS_TAGS_PER_BATCH):
@@ -92,7 +106,7 @@ def create_job_run(
             diff_file = Path(tmp) / "git.diff"
             diff_file.write_text(git.diff, encoding="utf-8")
             client.log_artifact(run_id, str(diff_file))
-    return experiment_id, run_id
+    return CreatedRun(experiment_id, run_id, name)
 
 
 def end_run(
@@ -109,26 +123,6 @@ def end_run(
         client.log_batch(job_run, tags=[RunTag(tags.ERROR, outcome.error[:5000]), RunTag(tags.FAILURE_STAGE, stage)])
     for run_id in run_ids:
         client.set_terminated(run_id, outcome.status.value)
-
-
-def attach_command(config: JobConfig, run_id: str) -> str:
-    """The command that resumes following `run_id` (same host and tracking, from the state saved so far)."""
-    return shlex.join(
-        [
-            "python",
-            "-m",
-            "orchestrator",
-            f"attach={run_id}",
-            f"host={config.host.name}",
-            f"tracking={config.tracking.kind}",
-            f"tracking.uri={redact_url(config.tracking.uri)}",
-        ]
-    )
-
-
-def cancel_command(config: JobConfig, run_id: str) -> str:
-    """The command that stops `run_id`'s worker and ends the run."""
-    return attach_command(config, run_id).replace(f"attach={run_id}", f"cancel={run_id}", 1)
 
 
 def mark_detached(client: MlflowClient, run_id: str, command: str) -> None:

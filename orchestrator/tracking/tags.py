@@ -24,6 +24,8 @@ MODEL = "model"
 GIT_COMMIT = "git.commit"
 GIT_DIRTY = "git.dirty"
 HYDRA_OVERRIDES = "hydra.overrides"
+LAUNCH_USER = "launch.user"  # who launched the run, and from which machine: for readers, never believed by the tool
+LAUNCH_MACHINE = "launch.machine"
 
 # How it ended, when it did not finish.
 ERROR = "error"
