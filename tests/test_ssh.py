@@ -413,49 +413,47 @@ def test_preflight_names_the_missing_piece_and_leaves_nothing(
     assert any(r.data.tags["error"] == message for r in runs)
 
 
-def test_the_printed_commands_work_from_another_folder_and_a_wrong_workdir_changes_nothing(
+def test_the_printed_commands_work_as_printed_from_slash_with_a_fresh_home(
     sshd: SSHServer, mlflow_server: MlflowServer, tmp_path: Path
 ) -> None:
-    """A run detached with `host.*` overrides is attached, logged and cancelled by the commands it printed, run
-    from another folder and shell (its ssh keys in that shell's ~/.ssh, as a user's are): the run's own tags say
-    where it lives. A `host.workdir` that disagrees is refused in one line and leaves the worker running."""
+    """A run detached with `host.*` overrides is logged and cancelled by the very commands it printed, run
+    from `/` in a shell with an empty HOME and no PYTHONPATH: the entry point is named by its full path and
+    the printed line carries every setting (host.python, the connection, the work folder). A command whose
+    work folder differs from the run's record is refused in one line and leaves the worker running."""
     workdir = tmp_path / "remote"
     args = ssh_args(sshd, mlflow_server, workdir, tmp_path / "state", "detach=true", "decode.max_new_tokens=400")
     launched = run_orchestrator(args, tmp_path)
     assert launched.returncode == 0, launched.stdout + launched.stderr
     printed = next(line.strip() for line in launched.stdout.splitlines() if "attach=" in line)
+    assert printed.startswith(str(Path(sys.executable).parent / "ddtree-orch") + " attach="), printed
     (run_dir,) = (workdir / "runs").iterdir()
     run_id = run_dir.name
     client = MlflowClient(tracking_uri=mlflow_server.uri)
-    assert client.get_run(run_id).data.tags["host.workdir"] == str(workdir)
     pgid = int((run_dir / "pid").read_text())
+    home = tmp_path / "fresh-home"
+    home.mkdir()
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env.update(HOME=str(home), COLUMNS="120")
 
-    elsewhere, home = tmp_path / "elsewhere", tmp_path / "home"
-    (home / ".ssh").mkdir(parents=True)
-    shutil.copy(sshd.known_hosts, home / ".ssh" / "known_hosts")
-    (home / ".ssh" / "config").write_text(f"Host {sshd.address}\n  IdentityFile {sshd.client_key}\n")
-    elsewhere.mkdir()
+    def as_printed(command: str) -> subprocess.CompletedProcess:
+        return subprocess.run(shlex.split(command), cwd="/", env=env, capture_output=True, text=True, timeout=240)
 
-    def as_printed(command: str, *extra: str) -> subprocess.CompletedProcess:
-        words = shlex.split(command)[3:]  # after `python -m orchestrator`
-        env = {**os.environ, "HOME": str(home), "COLUMNS": "120", "PYTHONPATH": str(PROJECT_ROOT)}
-        argv = [sys.executable, "-m", "orchestrator", *words, f"host.python={sys.executable}", *extra]
-        return subprocess.run(argv, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=240)
-
-    for verb in ("cancel", "attach"):
-        wrong = as_printed(printed.replace("attach=", f"{verb}="), f"host.workdir={tmp_path / 'other'}")
-        assert wrong.returncode == 2, wrong.stdout + wrong.stderr
-        assert wrong.stderr.strip().splitlines() == [
-            f"{verb}: run {run_id[:8]} lives at host.workdir={workdir} (its own record); the command line's "
-            f"host.workdir={tmp_path / 'other'} disagrees: leave it out"
-        ]
-        assert group_alive(pgid) and client.get_run(run_id).info.status == "RUNNING"
+    other = tmp_path / "other"
+    wrong = as_printed(
+        printed.replace("attach=", "cancel=").replace(f"host.workdir={workdir}", f"host.workdir={other}")
+    )
+    assert wrong.returncode == 2, wrong.stdout + wrong.stderr
+    assert wrong.stderr.strip().splitlines() == [
+        f"cancel: run {run_id[:8]} records host.workdir={workdir}; this command's is {other}. A tag is never "
+        f"followed: give host.workdir={workdir} if that is where you launched it"
+    ]
+    assert group_alive(pgid) and client.get_run(run_id).info.status == "RUNNING"
 
     logs = as_printed(printed.replace("attach=", "logs="))
     assert logs.returncode == 0 and "loaded tiny_trained" in logs.stdout, logs.stdout + logs.stderr
     cancelled = as_printed(printed.replace("attach=", "cancel="))
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
-    assert f"cancelled {run_id}" in cancelled.stdout
+    assert f"cancelled {run_id}: its worker was stopped and the run ends KILLED" in cancelled.stdout
     assert not group_alive(pgid)
     assert client.get_run(run_id).info.status == "KILLED"
     assert not (run_dir / "worker.env").exists()

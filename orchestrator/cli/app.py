@@ -117,9 +117,9 @@ def _run_job(cfg: DictConfig) -> int:
         logging.getLogger(chatty).setLevel(logging.WARNING)
     try:
         overrides = _task_overrides()
-        config = replace(
-            validate(assign_host(cfg)), host_overrides=_host_overrides(overrides), carried=carried(overrides)
-        )
+        config = validate(assign_host(cfg))
+        printed = carried(overrides, config.resolved)
+        config = replace(config, carried=printed)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         record_job_error(f"config error: {exc}")
@@ -719,13 +719,6 @@ def _job_folder() -> Path:
 
 def _task_overrides() -> list[str]:
     return list(HydraConfig.get().overrides.task)
-
-
-def _host_overrides(overrides: list[str]) -> frozenset[str]:
-    """The `host.*` keys set on the command line (`host.workdir=...`), which a run's own record must not
-    silently replace (`tracking/location.py`)."""
-    keys = (str(o).lstrip("+~").partition("=")[0] for o in overrides)
-    return frozenset(key for key in keys if key.startswith("host."))
 
 
 def _swept_values(sweep: Sweep) -> dict[str, str]:

@@ -8,9 +8,12 @@ given (never `host.env.*`, which may hold secrets), and the tracking store (its 
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from orchestrator.config.redaction import redact_url
 from orchestrator.config.settings import JobConfig
@@ -20,13 +23,22 @@ CARRIED_PREFIXES = ("host.", "orchestrator.state_dir")  # what a printed command
 NEVER_CARRIED = ("host.env",)  # the worker's environment: secrets, and of no use to attach, cancel or logs
 
 
-def carried(overrides: list[str]) -> tuple[str, ...]:
-    """The command line's overrides a printed command must repeat, as they were typed."""
+_PLAIN = re.compile(r"[\w./:@+,-]+")  # a value Hydra reads as typed, needing no quotes in a shell either
+
+
+def carried(overrides: list[str], resolved: Mapping[str, Any]) -> tuple[str, ...]:
+    """The command line's overrides a printed command must repeat: `key=value` with the value it resolved to
+    where that is plain text, else as it was typed (Hydra's quotes and all)."""
     kept = []
     for override in overrides:
         key = override.lstrip("+~").partition("=")[0]
-        if key.startswith(CARRIED_PREFIXES) and not key.startswith(NEVER_CARRIED):
-            kept.append(override)
+        if not key.startswith(CARRIED_PREFIXES) or key.startswith(NEVER_CARRIED):
+            continue
+        value: Any = resolved
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, Mapping) else None
+        plain = isinstance(value, (str, int)) and not isinstance(value, bool) and _PLAIN.fullmatch(str(value))
+        kept.append(f"{key}={value}" if plain else override)
     return tuple(kept)
 
 

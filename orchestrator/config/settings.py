@@ -149,7 +149,6 @@ class JobConfig:
     list_all: bool  # list: finished runs from MLflow too
     worker_sections: dict[str, Any]  # experiment, model, decode, probe: the spec's content
     resolved: dict[str, Any]  # the whole resolved config, for params and config.yaml (redacted there)
-    host_overrides: frozenset[str] = frozenset()  # the `host.*` keys the command line set (`tracking/location.py`)
     carried: tuple[str, ...] = ()  # the overrides a printed command repeats (`config/commands.py`)
     yes: bool = False  # cancel=last without asking
 
