@@ -374,6 +374,9 @@ def resolve_config(cfg: DictConfig) -> dict[str, Any]:
         raise ConfigError(f"decode.compile={_get(container, 'decode.compile')!r} must be true, false or auto")
     if not isinstance(_get(container, "decode.compile_cache"), bool):
         raise ConfigError(f"decode.compile_cache={_get(container, 'decode.compile_cache')!r} must be true or false")
+    group = _get(container, "decode.compile_cache_group")
+    if group is not None and not (isinstance(group, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}", group)):
+        raise ConfigError(f"decode.compile_cache_group={group!r} must be null (a private cache) or a group's name")
     if not isinstance(_get(container, "decode.node_costs"), bool):
         raise ConfigError(f"decode.node_costs={_get(container, 'decode.node_costs')!r} must be true or false")
     if _number(container, "decode.node_cost_repeats", minimum=1, integer=True) > 1000:

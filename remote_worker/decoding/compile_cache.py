@@ -1,23 +1,35 @@
-"""`decode.compile_cache`: torch's compile caches in the host's work folder, shared by every run there.
+"""`decode.compile_cache`: torch's compile caches in the host's work folder, private to the user.
 
 A compiled round costs its compile once per host, not once per run: inductor's FX graph cache (the
-generated code of every graph and region) and AOT autograd's cache live under `WORKDIR/compile-cache/`,
-next to `WORKDIR/runs/`, not in `/tmp` (which a reboot clears) nor in one run's folder. Torch keys every
-entry on what decides the code (the graph, its inputs' shapes, dtypes and strides, torch's version and
-configuration, the device), so runs of other models, shapes or torch builds share the folder without
-meeting; a second run of the same model and shapes traces its graphs (seconds) and loads the rest.
+generated code of every graph) and AOT autograd's cache live under `WORKDIR/compile-cache.<user>/`, next to
+`WORKDIR/runs/`, not in `/tmp` (which a reboot clears) nor in one run's folder. Torch keys every entry on what
+decides the code (graph, shapes, dtypes, strides, torch's version and configuration, device), so runs of
+other models or shapes share the folder without meeting; a second run of the same model and shapes traces
+its graphs (seconds) and loads the rest.
 
-Off (`decode.compile_cache: false`), both caches are disabled and the kernels go to a scratch folder in
-the run's own folder: a cold compile, nothing from another run used or left for one.
+What the cache holds runs: on a hit inductor imports the cached `.py` modules, loads the `.so` kernels and
+unpickles the entries, inside a worker whose environment holds `host.env`'s secrets. So the folder is the
+user's alone: created 0700, written under umask 077 (files 0600, kernels 0700), and checked before each use,
+every entry in it (owner the user, no group or other write bit, no link). A folder that fails the check, is
+read-only or full is not used: the run says so in one line and compiles cold in its own scratch folder.
 
-The folder is group-writable with its group inherited (mode 2775), and while compiling the worker writes
-with umask 002 (restored afterwards: nothing else of the run becomes group-writable), so the runs of
-every user of a shared work folder in one group use one cache.
+Sharing with a group is an explicit choice, `decode.compile_cache_group=<group>`: the folder is then
+`compile-cache.group-<group>/`, mode 2770, written under umask 007, and every entry must belong to that group
+and be writable by no one else. Anyone in the group can then put code into every member's worker.
+
+Off (`decode.compile_cache: false`), both caches are disabled and the kernels go to the run's own scratch
+folder: a cold compile, nothing from another run used or left for one.
 """
 
 from __future__ import annotations
 
+import errno
+import grp
+import logging
 import os
+import pwd
+import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,13 +37,30 @@ from pathlib import Path
 
 from torch._dynamo.utils import counters
 
-FOLDER = "compile-cache"
+from remote_worker.safe_files import UnsafePath, folder_problem, tree_problem
+
+LOG = logging.getLogger(__name__)
+SCRATCH = "inductor-scratch"
+LOW_SPACE_MB = 256  # free space under which a failed compile is put down to the disk being full
+SILENCE = "decode.compile_cache=false silences this"
 
 
-def cache_folder(run_dir: Path) -> Path:
-    """`WORKDIR/compile-cache/inductor` for a run in `WORKDIR/runs/<id>/` (the worker is started in its run
-    folder: a relative `.` would have no parents)."""
-    return run_dir.resolve().parent.parent / FOLDER / "inductor"
+def _user() -> str:
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return str(os.geteuid())
+
+
+def cache_root(run_dir: Path, group: str | None = None) -> Path:
+    """`WORKDIR/compile-cache.<user>` (or `.group-<group>`) for a run in `WORKDIR/runs/<id>/` (the worker is
+    started in its run folder: a relative `.` would have no parents)."""
+    name = f"compile-cache.group-{group}" if group else f"compile-cache.{_user()}"
+    return run_dir.resolve().parent.parent / name
+
+
+def cache_folder(run_dir: Path, group: str | None = None) -> Path:
+    return cache_root(run_dir, group) / "inductor"
 
 
 def _tally() -> tuple[int, int]:
@@ -40,36 +69,91 @@ def _tally() -> tuple[int, int]:
     return hits, misses
 
 
+def _group_id(group: str) -> int:
+    try:
+        gid = grp.getgrnam(group).gr_gid
+    except KeyError as missing:
+        raise UnsafePath(f"decode.compile_cache_group={group}: no such group on this host") from missing
+    if gid != os.getegid() and gid not in os.getgroups():
+        raise UnsafePath(f"decode.compile_cache_group={group}: you are not a member of it")
+    return gid
+
+
+def prepare(run_dir: Path, group: str | None = None) -> Path:
+    """The cache folder, made if missing and checked whole; UnsafePath (one line) when it may not be used:
+    another owner or group, a write bit for others, a link, or a folder it cannot write (read-only, full)."""
+    gid = _group_id(group) if group else None
+    root = cache_root(run_dir, group)
+    mode = 0o2770 if gid is not None else 0o700
+    try:
+        root.mkdir(mode=mode)
+        if gid is not None:
+            os.chown(root, -1, gid)
+            root.chmod(mode)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise UnsafePath(f"{root} could not be made: {_cause(exc)}") from exc
+    problem = folder_problem(os.lstat(root), str(root), group=gid) or tree_problem(root, group=gid)
+    if problem is not None:
+        raise UnsafePath(problem)
+    folder = root / "inductor"
+    try:
+        folder.mkdir(mode=mode & 0o770, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".probe-") as probe:
+            probe.write(b"\0" * 4096)
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as exc:
+        raise UnsafePath(f"{folder} cannot be written: {_cause(exc)}") from exc
+    return folder
+
+
+def _cause(exc: OSError) -> str:
+    if exc.errno == errno.ENOSPC:
+        return "no space left on the device"
+    if exc.errno == errno.EROFS:
+        return "read-only file system"
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return "permission denied"
+    return exc.strerror or str(exc)
+
+
 @dataclass
 class CompileCache:
     """Where this run's compiles read and write (`folder`), and how many of them the cache answered."""
 
     folder: Path
-    enabled: bool
+    enabled: bool  # the shared cache is in use (not off, not refused)
+    refused: str | None = None  # why the cache was not used (the run compiled in its scratch folder)
     _start: tuple[int, int] = (0, 0)
 
     @classmethod
     @contextmanager
-    def open(cls, run_dir: Path, enabled: bool) -> Iterator[CompileCache]:
-        """Torch's caches pointed at the host's folder (or, off, at a scratch folder of the run) for the
-        compiles inside the `with` (inductor reads TORCHINDUCTOR_CACHE_DIR as it compiles; the process's
-        own setting comes back afterwards)."""
+    def open(cls, run_dir: Path, enabled: bool, group: str | None = None) -> Iterator[CompileCache]:
+        """Torch's caches pointed at the user's folder (or, off or refused, at a scratch folder of the run)
+        for the compiles inside the `with` (inductor reads TORCHINDUCTOR_CACHE_DIR as it compiles; the
+        process's own setting and umask come back afterwards). A refused cache is one warning line."""
         import torch._functorch.config as functorch_config
         import torch._inductor.config as inductor_config
 
-        folder = cache_folder(run_dir) if enabled else run_dir / "inductor-scratch"
-        old_mask, old_folder = os.umask(0o002), os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-        if not enabled:
-            os.umask(old_mask)
+        refused = None
+        folder = run_dir / SCRATCH
+        if enabled:
+            try:
+                folder = prepare(run_dir, group)
+            except UnsafePath as exc:
+                refused = str(exc)
+                LOG.warning("compile cache not used: %s; compiling in the run's scratch folder (%s)", refused, SILENCE)
+        use_cache = enabled and refused is None
+        old_mask = os.umask(0o007 if use_cache and group else 0o077)
+        old_folder = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
         try:
-            folder.mkdir(parents=True, exist_ok=True)
-            for part in (folder.parent, folder) if enabled else ():
-                if part.stat().st_uid == os.getuid():
-                    part.chmod(0o2775)
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
-            inductor_config.fx_graph_cache = enabled
-            functorch_config.enable_autograd_cache = enabled
-            yield cls(folder, enabled, _tally())
+            inductor_config.fx_graph_cache = use_cache
+            functorch_config.enable_autograd_cache = use_cache
+            yield cls(folder, use_cache, refused, _tally())
         finally:
             os.umask(old_mask)
             if old_folder is None:
@@ -79,10 +163,23 @@ class CompileCache:
 
     def outcome(self) -> str:
         """What the cache did for the compiles since `open`: `hit` (it answered every graph), `miss` (none),
-        `partial` (some: a new method, budget or shape compiled beside cached ones), or `off`."""
+        `partial` (some: a new method, budget or shape compiled beside cached ones), `refused` (not used:
+        see `refused`), or `off`."""
         if not self.enabled:
-            return "off"
+            return "refused" if self.refused else "off"
         hits, misses = (now - then for now, then in zip(_tally(), self._start, strict=True))
         if hits and not misses:
             return "hit"
         return "partial" if hits else "miss"
+
+    def space_problem(self, error: str) -> str | None:
+        """Why a compile that failed with `error` failed for lack of space, if it did: the error says so,
+        or the folder's file system is (nearly) full."""
+        try:
+            free_mb = shutil.disk_usage(self.folder).free / 2**20
+        except OSError:
+            free_mb = None
+        if "No space left" in error or "ENOSPC" in error or (free_mb is not None and free_mb < LOW_SPACE_MB):
+            where = f" ({free_mb:.0f} MB free)" if free_mb is not None else ""
+            return f"no space left for the compile in {self.folder}{where}"
+        return None

@@ -271,12 +271,16 @@ def _compiled_rounds(
 
     started = time.perf_counter()
     longest = max(len(ids) for ids in encoded)
-    with CompileCache.open(spec.run_dir, bool(spec.decode.get("compile_cache", True))) as cache:
+    enabled, group = bool(spec.decode.get("compile_cache", True)), spec.decode.get("compile_cache_group")
+    with CompileCache.open(spec.run_dir, enabled, group) as cache:
         outcome = compile_rounds(
             target, drafter, methods, encoded[0], longest, settings.max_new_tokens, progress, settings.temperature
         )
     if isinstance(outcome, str):
-        LOG.warning("decode.compile: torch.compile failed on this host, decoding eagerly (%s)", outcome)
+        if (full := cache.space_problem(outcome)) is not None:
+            LOG.warning("decode.compile: torch.compile failed: %s; decoding eagerly (%s)", full, outcome)
+        else:
+            LOG.warning("decode.compile: torch.compile failed on this host, decoding eagerly (%s)", outcome)
         return None
     cached = cache.outcome()
     log.emit("params", {"compile_cache": cached})
