@@ -13,8 +13,10 @@ the host's speed, and the decode experiment's page says so (`LoadSummary.busy`).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import threading
@@ -26,6 +28,7 @@ from typing import Any
 
 from remote_worker.events import EventLog
 
+LOG = logging.getLogger(__name__)
 EVERY_S = 3.0  # between samples (MLflow's own monitor takes 10 s; a decode of a few prompts is shorter)
 BUSY_SHARE = 25.0  # % of the host's CPU time taken by other processes, on average, that makes a host busy
 GPU_QUERY = "utilization.gpu,memory.used,memory.total,power.draw,power.limit"
@@ -56,26 +59,93 @@ def _memory_mb() -> tuple[float, float] | None:
     return values["MemTotal"] - values["MemAvailable"], values["MemTotal"]
 
 
-def _gpus() -> list[dict[str, float]]:
-    """Per visible GPU: utilisation %, memory used and total MB, power W and its limit; [] without nvidia-smi."""
+SMI_TIMEOUT_S = 5.0
+_GPU_FIELDS = ("utilization", "memory_used", "memory_total", "power", "power_limit")
+_warned: set[str] = set()  # each kind of trouble with nvidia-smi is said once per worker, not every sample
+
+
+def _warn_once(kind: str, message: str) -> None:
+    if kind not in _warned:
+        _warned.add(kind)
+        LOG.warning("%s; GPU figures are left out of the host's load", message)
+
+
+def _smi(arguments: list[str]) -> str | None:
+    """`nvidia-smi ARGUMENTS`'s output; None without it, or when it fails or hangs. It runs in a process group
+    of its own, killed whole at SMI_TIMEOUT_S: a hung driver call must leave nothing behind."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
-        return []
-    command = [smi, f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits"]
+        return None
+    try:
+        process = subprocess.Popen(
+            [smi, *arguments], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True
+        )
+    except OSError as exc:
+        _warn_once("start", f"nvidia-smi could not start ({exc})")
+        return None
+    try:
+        out, _ = process.communicate(timeout=SMI_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        _warn_once("hang", f"nvidia-smi did not answer within {SMI_TIMEOUT_S:g} s (its process group was killed)")
+        return None
+    return out if process.returncode == 0 else None
+
+
+def _cell(text: str) -> float | None:
+    """A number of nvidia-smi's CSV, None for its `[N/A]` and `[Not Supported]`; ValueError for anything else."""
+    text = text.strip()
+    if text.startswith("[") and text.endswith("]"):
+        return None
+    value = float(text)
+    if not 0 <= value < 1e7:
+        raise ValueError(text)
+    return value
+
+
+_gpu_count: int | None = None
+
+
+def _gpus_expected() -> int:
+    """How many GPUs a sample may hold: the lease's (`CUDA_VISIBLE_DEVICES`) where it lists indices, never
+    more than `nvidia-smi -L` lists (asked once)."""
+    global _gpu_count
+    if _gpu_count is None:
+        listed = _smi(["-L"]) or ""
+        _gpu_count = sum(1 for line in listed.splitlines() if line.startswith("GPU "))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if visible and all(part.strip().isdigit() for part in visible.split(",")):
+        return min(len(visible.split(",")), _gpu_count)
+    return _gpu_count
+
+
+def _gpus() -> list[dict[str, float | None]]:
+    """Per visible GPU: utilisation %, memory used and total MB, power W and its limit; [] without nvidia-smi.
+    Output that is not the CSV asked for (a row too few or too many cells, a cell not a number, more rows than
+    GPUs) is dropped whole, with one warning."""
+    command = [f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits"]
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
     if visible and all(part.strip().isdigit() for part in visible.split(",")):
         command.append(f"--id={visible}")
-    try:
-        out = subprocess.run(command, capture_output=True, text=True, timeout=5, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
+    out = _smi(command)
+    if out is None:
         return []
-    gpus = []
-    for line in out.strip().splitlines():
-        cells = [c.strip() for c in line.split(",")]
-        numbers = [float(c) if c.replace(".", "", 1).isdigit() else None for c in cells]
-        gpus.append(
-            dict(zip(("utilization", "memory_used", "memory_total", "power", "power_limit"), numbers, strict=False))
-        )
+    rows = [line for line in out.strip().splitlines() if line.strip()]
+    expected = _gpus_expected()
+    try:
+        if len(rows) > expected:
+            raise ValueError(f"{len(rows)} rows for {expected} GPUs")
+        gpus = []
+        for line in rows:
+            cells = line.split(",")
+            if len(cells) != len(_GPU_FIELDS):
+                raise ValueError(f"{len(cells)} cells")
+            gpus.append(dict(zip(_GPU_FIELDS, (_cell(c) for c in cells), strict=True)))
+    except ValueError as exc:
+        _warn_once("garbage", f"nvidia-smi's answer did not parse ({str(exc)[:80]})")
+        return []
     return gpus
 
 

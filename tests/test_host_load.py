@@ -3,6 +3,7 @@ from a store the sink wrote, the GPU figures from `nvidia-smi`, and the page's l
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 import time
@@ -37,11 +38,22 @@ def test_a_sample_has_mlflows_names_and_the_cpu_rates_need_a_previous_sample() -
     assert 0 <= second["system/other_processes_cpu_percentage"] <= second["system/cpu_utilization_percentage"] + 1e-9
 
 
-def test_the_gpu_figures_come_from_nvidia_smi_for_the_leased_gpus(tmp_path: Path, monkeypatch) -> None:
+def fake_smi(tmp_path: Path, monkeypatch, answer: str) -> None:
+    """An `nvidia-smi` on PATH that lists 8 GPUs for `-L` and answers a query with the shell text `answer`
+    (after noting its arguments); the module's memory of the last one is forgotten."""
     smi = tmp_path / "nvidia-smi"
-    smi.write_text('#!/bin/sh\necho "$@" > "$(dirname "$0")/args"\necho "37, 1024, 81920, 120.5, 700.00"\n')
+    listing = "".join(f"echo 'GPU {i}: NVIDIA H200 (UUID: GPU-{i})'; " for i in range(8))
+    smi.write_text(
+        f'#!/bin/sh\nif [ "$1" = -L ]; then {listing}exit 0; fi\necho "$@" > "$(dirname "$0")/args"\n{answer}\n'
+    )
     smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(host_load, "_gpu_count", None)
+    monkeypatch.setattr(host_load, "_warned", set())
+
+
+def test_the_gpu_figures_come_from_nvidia_smi_for_the_leased_gpus(tmp_path: Path, monkeypatch) -> None:
+    fake_smi(tmp_path, monkeypatch, 'echo "37, 1024, 81920, 120.5, 700.00"')
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
     metrics, _ = host_load.sample(None)
     assert metrics["system/gpu_0_utilization_percentage"] == 37
@@ -50,6 +62,46 @@ def test_the_gpu_figures_come_from_nvidia_smi_for_the_leased_gpus(tmp_path: Path
     assert metrics["system/gpu_0_power_usage_watts"] == 120.5
     assert metrics["system/gpu_0_power_usage_percentage"] == pytest.approx(100 * 120.5 / 700)
     assert "--id=3" in (tmp_path / "args").read_text()  # the GPU the worker was leased, as torch's cuda:0
+
+
+def test_a_hanging_nvidia_smi_is_killed_with_its_children_and_said_once(
+    tmp_path: Path, monkeypatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake_smi(tmp_path, monkeypatch, f"sleep 60 & echo $! > {tmp_path}/child; wait")
+    monkeypatch.setattr(host_load, "SMI_TIMEOUT_S", 0.5)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    with caplog.at_level(logging.WARNING, logger="remote_worker.host_load"):
+        for _ in range(2):
+            metrics, _ = host_load.sample(None)
+            assert not any(key.startswith("system/gpu_") for key in metrics)
+    child = int((tmp_path / "child").read_text())
+    assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
+    assert [r.getMessage() for r in caplog.records] == [
+        "nvidia-smi did not answer within 0.5 s (its process group was killed); GPU figures are left out of the "
+        "host's load"
+    ]
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "i=0; while [ $i -lt 600 ]; do echo '1, 2, 3, 4, 5'; i=$((i+1)); done",  # 600 GPUs on a host of 8
+        "echo 'NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver'",
+        "echo '37, 1024, 81920'",
+        "echo '37, 1e400, 81920, 1, 2'",
+    ],
+)
+def test_nvidia_smi_output_that_does_not_parse_is_dropped_with_one_warning(
+    tmp_path: Path, monkeypatch, caplog: pytest.LogCaptureFixture, answer: str
+) -> None:
+    fake_smi(tmp_path, monkeypatch, answer)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with caplog.at_level(logging.WARNING, logger="remote_worker.host_load"):
+        for _ in range(3):
+            metrics, _ = host_load.sample(None)
+            assert not any(key.startswith("system/gpu_") for key in metrics)
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert warning.startswith("nvidia-smi's answer did not parse (") and warning.endswith("left out of the host's load")
 
 
 @pytest.mark.skipif(not LINUX, reason="the CPU and memory figures read /proc")
