@@ -248,6 +248,32 @@ def test_the_experiment_reports_a_curve_per_stage_and_the_record(tmp_path: Path)
     assert all(len(line) <= 50 for line in summary.values()), summary  # a row of an 80-column terminal
 
 
+@pytest.mark.worker
+def test_a_long_measurement_says_how_long_before_it_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The estimate comes before the first timed round, with its basis, and the run records it beside what the
+    measurement took (`node_cost.estimate_s`, `node_cost.measure_s`)."""
+    from remote_worker.experiments import node_cost as experiment
+
+    monkeypatch.setattr(experiment, "LONG_S", 0.0)  # every measurement counts as long here
+    spec = specs.decode_spec(tmp_path, num_prompts=1)
+    spec["experiment"] = {"name": "node_cost", "context": 24, "max_size": 64, "repeats": 2, "prompts": None}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    assert runner.run(tmp_path / "spec.json") == 0
+    events, _ = split_events((tmp_path / EVENTS_FILE).read_bytes())
+    said = [i for i, e in enumerate(events) if e.kind == "log" and "will take about" in e.data["message"]]
+    timed = [
+        i for i, e in enumerate(events) if e.kind == "progress" and e.data["task"] == "measure" and e.data["completed"]
+    ]
+    assert len(said) == 1 and timed and said[0] < timed[0]
+    message = events[said[0]].data["message"]
+    assert message.startswith(
+        "warning: node_cost: measuring 7 tree sizes up to 64 nodes, 4 rounds each, will take about "
+    )
+    assert "one round took " in message and message.endswith("experiment.max_size sets the largest tree")
+    params = {k: v for e in events if e.kind == "params" for k, v in e.data.items()}
+    assert params["node_cost.estimate_s"] > 0 and params["node_cost.measure_s"] > 0
+
+
 def composed(overrides: list[str]) -> dict:
     from hydra import compose, initialize_config_dir
 

@@ -52,7 +52,26 @@ def test_the_largest_budget_named_is_the_largest_that_passes() -> None:
         "longest prompt ('multi-turn', 153 tokens), more than model tiny_hybrid's context of 2048; the largest "
         "budget that fits is 94"
     )
-    assert refusal(["model=tiny_hybrid", "decode.max_new_tokens=1900"]).endswith("; lower decode.max_new_tokens")
+    # 2048 positions = 153 + the new tokens + a draft block of 8 (tiny_hybrid's draft) at the last round
+    assert refusal(["model=tiny_hybrid", "decode.max_new_tokens=1900"]).endswith(
+        "; lower decode.max_new_tokens to at most 1887"
+    )
+
+
+def test_a_prompt_longer_than_the_context_is_told_to_be_shortened_not_the_new_tokens(tmp_path: Path) -> None:
+    """A 1 MB prompt (a byte-level model: a million tokens) cannot fit whatever decode.max_new_tokens is: the
+    refusal names the prompt's file and line and says to shorten it or leave it out."""
+    prompts = tmp_path / "huge.jsonl"
+    small = {"id": "small", "messages": [{"role": "user", "content": "def f():"}]}
+    huge = {"id": "huge", "messages": [{"role": "user", "content": "x" * (1 << 20)}]}
+    prompts.write_text(json.dumps(small) + "\n" + json.dumps(huge) + "\n")
+    message = refusal(["model=tiny_hybrid", f"experiment.prompts={prompts}", "decode.max_new_tokens=8"])
+    assert message.startswith("decode.tree_budgets: budget 64 needs 65 positions for its tree beside ")
+    assert "the longest prompt ('huge', 1048" in message and "more than model tiny_hybrid's context of 2048" in message
+    assert message.endswith(
+        f"; that prompt alone does not fit: shorten it or leave it out of the prompt set ({prompts}:2)"
+    )
+    assert "max_new_tokens to" not in message
 
 
 def test_a_budget_a_draft_block_cannot_fill_is_refused() -> None:

@@ -263,7 +263,14 @@ def _check_tree_budgets(container: dict[str, Any], budgets: list[int]) -> None:
         if shape.context is not None and prompt + max_new + max(budget + 1, block) > shape.context:
             largest = shape.context - prompt - max_new - 1
             fits = largest >= 1 and prompt + max_new + block <= shape.context
-            fix = f"the largest budget that fits is {largest}" if fits else "lower decode.max_new_tokens"
+            room = shape.context - prompt - max(2, block)  # the new tokens a budget-1 tree would leave room for
+            if fits:
+                fix = f"the largest budget that fits is {largest}"
+            elif room >= 1:
+                fix = f"lower decode.max_new_tokens to at most {room}"
+            else:
+                where = f" ({longest.where})" if longest is not None else ""
+                fix = f"that prompt alone does not fit: shorten it or leave it out of the prompt set{where}"
             raise ConfigError(
                 f"decode.tree_budgets: budget {budget} needs {budget + 1} positions for its tree beside "
                 f"decode.max_new_tokens={max_new} and {what}, more than model {shape.name}'s context of "

@@ -63,6 +63,7 @@ STAGES = ("draft", "tree", "verify", "commit", "other")  # what a timed round re
 WARMUP = 2  # untimed calls before a stage's timed ones, per tree size
 
 Progress = Callable[[int, int, str], None]  # (done, total, what was just measured): node-rounds timed
+Estimate = Callable[[float, str], None]  # (seconds the measurement should take, what the figure rests on)
 PROGRESS_EVERY_S = 5.0  # the longest a measurement goes without a progress call
 
 
@@ -326,11 +327,17 @@ def measure_node_costs(
     *,
     warmup: int = WARMUP,
     accepted: int | None = None,
+    estimate: Estimate | None = None,
 ) -> NodeCosts:
     """Prefill `context` committed tokens (the prompt's tokens repeated or cut to `context` + 1, by
-    `loop.prefill`) and measure every stage there (`measure_from`)."""
+    `loop.prefill`) and measure every stage there (`measure_from`). `estimate(seconds, basis)` hears, before
+    the first timed round, how long the whole measurement should take (`NodeCostSampler.estimate_s`)."""
     start = prefill(target, context_tokens(prompt, context), drafter)
-    return measure_from(target, drafter, start, sizes, repeats, progress, warmup=warmup, accepted=accepted)
+    sampler = NodeCostSampler(target, drafter, sizes, accepted=accepted)
+    if estimate is not None:
+        estimate(*sampler.estimate_s(start, repeats, warmup))
+    sampler.measure(start, repeats, warmup, progress)
+    return sampler.costs()
 
 
 def measure_from(
@@ -372,6 +379,34 @@ class NodeCostSampler:
         self.warmup = WARMUP
         self.unmeasured: list[int] = []
         self.note = ""
+
+    def estimate_s(self, start: Prefill, repeats: int, warmup: int = WARMUP) -> tuple[float, str]:
+        """How long `measure` should take from `start`, in seconds, and its basis: one round timed at the
+        smallest and at the largest tree size, a round's cost taken as linear in nodes between them (a
+        round's work is; its first call runs a little slow, so this errs long)."""
+        base_cache, base_context = start.fork()
+        room = base_cache.length + max(self.sizes[-1], self.drafter.block_size) + 1
+        base_cache.reserve(room)
+        base_context.reserve(room)
+        self.target.reserve_positions(room)
+        device = self.target.device
+        mask_embedding = self.target.embed(torch.tensor(self.drafter.mask_token_id, device=device))
+        logits = self.drafter.propose(
+            base_context.clone(), self.target.embed(torch.tensor(start.root, device=device)), mask_embedding,
+            self.target.head,
+        )  # fmt: skip
+        seconds = {}
+        for nodes in sorted({self.sizes[0], self.sizes[-1]}):
+            built = best_first_tree(start.root, logits, nodes - 1)
+            nodes = built.tree.size
+            path = rank0_chain(built)[: self.accepted + 1]
+            started = time.perf_counter()
+            _round(self.target, self.drafter, base_cache, base_context, start.root, mask_embedding, nodes, path)
+            seconds[nodes] = time.perf_counter() - started
+        (small, first), (large, last) = min(seconds.items()), max(seconds.items())
+        slope = (last - first) / (large - small) if large > small else 0.0
+        total = sum((warmup + repeats) * max(first + slope * (n - small), 0.0) for n in self.sizes)
+        return total, f"one round took {first:.2g} s at {small} node{'s' * (small != 1)}, {last:.2g} s at {large}"
 
     def measure(self, start: Prefill, repeats: int, warmup: int = WARMUP, progress: Progress | None = None) -> None:
         """`warmup` untimed and `repeats` timed rounds per tree size from the state of `start` (which stays as

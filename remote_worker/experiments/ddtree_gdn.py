@@ -93,9 +93,14 @@ def encode_all(
         needed = ids.shape[0] + max_new_tokens + overhang
         if limit is not None and needed > limit:
             extra = f" and {overhang} for a round's draft or tree (decode.tree_budgets)" if overhang else ""
+            room = limit - ids.shape[0] - overhang
+            fix = (
+                f"lower decode.max_new_tokens to at most {room}" if room >= 1
+                else "that prompt alone does not fit: shorten it or leave it out of the prompt set"
+            )  # fmt: skip
             raise ValueError(
                 f"prompt {prompt.id!r} has {ids.shape[0]} tokens: with decode.max_new_tokens={max_new_tokens}{extra} "
-                f"it needs {needed} positions, more than model {name}'s context of {limit}"
+                f"it needs {needed} positions, more than model {name}'s context of {limit}; {fix}"
             )
         encoded.append(ids)
     return encoded

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 from remote_worker import stop_signal
 from remote_worker.decoding.node_cost import (
@@ -36,6 +37,11 @@ from remote_worker.spec import Spec
 LOG = logging.getLogger(__name__)
 NODE_COSTS_FILE = "node_costs.json"
 DEFAULTS = {"context": 256, "max_size": 256, "repeats": 10}
+LONG_S = 120.0  # a measurement estimated longer than this says so before it starts
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
 def run_node_cost(spec: Spec, log: EventLog) -> dict[str, str]:
@@ -67,7 +73,20 @@ def run_node_cost(spec: Spec, log: EventLog) -> dict[str, str]:
         log.progress("measure", done, total, what)
 
     log.progress("measure", 0, sum(sizes) * (WARMUP + repeats), f"prefilling {context} tokens")  # in node-rounds
-    costs = measure_node_costs(target, drafter, ids, context, sizes, repeats, progress)
+
+    def estimate(seconds: float, basis: str) -> None:
+        """Said before the first timed round when it will be long: how long, and what sets it."""
+        if seconds >= LONG_S:
+            LOG.warning(
+                "node_cost: measuring %d tree sizes up to %d nodes, %d rounds each, will take about %s on %s (%s); "
+                "experiment.max_size sets the largest tree",
+                len(sizes), sizes[-1], WARMUP + repeats, _duration(seconds), target.device, basis,
+            )  # fmt: skip
+        log.emit("params", {"node_cost.estimate_s": round(seconds, 1)})
+
+    started = time.perf_counter()
+    costs = measure_node_costs(target, drafter, ids, context, sizes, repeats, progress, estimate=estimate)
+    log.emit("params", {"node_cost.measure_s": round(time.perf_counter() - started, 1)})  # the estimate's check
     if costs.unmeasured:
         LOG.warning("node_cost: tree sizes %s not measured: %s", costs.unmeasured, costs.note)
         log.emit("params", {"node_cost.unmeasured": ", ".join(map(str, costs.unmeasured))})
