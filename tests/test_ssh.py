@@ -123,7 +123,12 @@ def test_unknown_host_key_is_refused_with_instructions(
     args = ssh_args(sshd, mlflow_server, workdir, tmp_path / "state", "experiment=probe", f"host.known_hosts={empty}")
     result = run_orchestrator(args, tmp_path)
     assert result.returncode == 1
-    assert "unknown host key" in result.stdout and "ssh-keyscan" in result.stdout
+    said = " ".join(result.stdout.split())
+    assert "unknown host key" in said and "Verify it before trusting it" in said
+    assert (
+        f"ssh-keyscan -p {sshd.port} {sshd.address} | ssh-keygen -lf -" in said and "a network path you trust" in said
+    )
+    assert "accept_new_host_key" not in said, "the refusal never advises trusting an unverified key"
     assert not workdir.exists(), "nothing may be created on a host whose key was not checked"
     runs = MlflowClient(tracking_uri=mlflow_server.uri).search_runs(
         [e.experiment_id for e in MlflowClient(tracking_uri=mlflow_server.uri).search_experiments()],

@@ -19,6 +19,7 @@ from rich.table import Table
 from orchestrator.cli.run_ref import host_runs
 from orchestrator.config.commands import attach_command
 from orchestrator.config.settings import JobConfig
+from orchestrator.config.text import printable
 from orchestrator.host.run_folder import STDERR_FILE, WorkerStatus, worker_status
 from orchestrator.host.transport import Transport
 from orchestrator.stream.events import EVENTS_FILE, Event, parse_chunk, progress_text
@@ -87,7 +88,7 @@ def list_runs(console: Console, transport: Transport, config: JobConfig, client:
     if not any(column.header == "progress" for column in table.columns):  # no room beside the rest: below it
         for row in rows:
             if row.progress:
-                console.print(f"{row.run_id[:8]}  {escape(row.progress)}")
+                console.print(f"{row.run_id[:8]}  {escape(printable(row.progress))}")
     for row in rows:
         if row.state == UNRECORDED:  # the whole command, never folded: it is to be pasted
             line = f"{row.run_id[:8]} {UNRECORDED}: {attach_command(config, row.run_id)}"
@@ -104,16 +105,16 @@ def runs_table(rows: list[Listed], width: int, *, started: bool) -> Table:
     table instead, and in list=all `elapsed` gives way to `started` if need be. Without any progress to show
     (finished runs only), there is no progress column."""
     cells = [
-        {
+        {  # tags and the host's log are foreign text: control characters escaped
             "run": row.run_id[:8],
-            "model": row.model,
+            "model": printable(row.model)[:40],
             "started": _clock(row.started),
             "elapsed": _elapsed(row.started, row.ended),
-            "state": row.state,
-            "tau": row.tau,
-            "progress": row.progress,
+            "state": printable(row.state),
+            "tau": printable(row.tau)[:60],
+            "progress": printable(row.progress)[:200],
             "quiet": _ago(row.last_event),
-            "what": row.what,
+            "what": printable(row.what)[:40],
         }
         for row in rows
     ]
@@ -264,7 +265,9 @@ def print_logs(
             stderr = transport.read_bytes(stderr_path, stderr_at, 1 << 20)
             end = stderr.rfind(b"\n") + 1 if follow and not gone else len(stderr)
             for line in stderr[:end].decode(errors="replace").splitlines():
-                console.print(f"stderr  {line}", markup=False, highlight=False, soft_wrap=True)
+                console.print(
+                    f"stderr  {printable(line, keep_tabs=True)}", markup=False, highlight=False, soft_wrap=True
+                )
                 printed = True
             stderr_at += end
             chunk = transport.read_bytes(events_path, events_at, 4 << 20)
@@ -274,7 +277,7 @@ def print_logs(
                 data = event.data if isinstance(event.data, dict) else {"message": event.data}
                 if event.kind in ("log", "traceback"):
                     when = time.strftime("%H:%M:%S", time.localtime(event.t))
-                    text = data.get("message") or data.get("error") or ""
+                    text = printable(data.get("message") or data.get("error") or "", keep_tabs=True)
                     console.print(f"{when} {event.kind:<9} {text}", markup=False, highlight=False, soft_wrap=True)
                     printed = True
             if end == 0 and consumed == 0:

@@ -18,7 +18,9 @@ from typing import Any
 import paramiko
 from fabric import Connection
 
+from orchestrator.config import host_values
 from orchestrator.config.settings import HostConfig, SSHSettings
+from orchestrator.config.text import printable
 from orchestrator.host.ssh_files import SSHFiles
 from orchestrator.host.sync import sync_code
 from orchestrator.host.transport import (
@@ -65,12 +67,42 @@ class _RefuseUnknown(paramiko.MissingHostKeyPolicy):
         self.known_hosts, self.port = known_hosts, port
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        """Refused, with how to verify the key (never a bare "trust it"): the fingerprint from the host's owner
+        or over a path you trust, compared before the key goes into known_hosts."""
+        address = _bare_host(hostname)
         raise HostKeyRefused(
-            f"{hostname}: unknown host key ({key.get_name()} {key.fingerprint}) is not in {self.known_hosts}. "
-            f"Check the fingerprint with the host's owner, then add it with "
-            f"`ssh-keyscan -p {self.port} {hostname.strip('[]').split(']:')[0]} >> {self.known_hosts}`, "
-            f"or set host.accept_new_host_key=true to accept a first-seen key"
+            f"{printable(hostname)}: unknown host key ({key.get_name()} {key.fingerprint}) is not in "
+            f"{self.known_hosts}. Verify it before trusting it: compare the fingerprint with the one the host's "
+            f"owner reads on the host (`ssh-keygen -lf /etc/ssh/ssh_host_{_key_file(key)}_key.pub`), or with "
+            f"`ssh-keyscan -p {self.port} {shlex.quote(address)} | ssh-keygen -lf -` run over a network path you "
+            f"trust; then add that verified key to {self.known_hosts}"
         )
+
+
+def _bare_host(hostname: str) -> str:
+    """The address in paramiko's known_hosts form (`host` or `[host]:port`)."""
+    return hostname[1:].rsplit("]:", 1)[0] if hostname.startswith("[") else hostname
+
+
+def _key_file(key: paramiko.PKey) -> str:
+    """The host key file's name part for the key's type (ssh_host_<this>_key.pub)."""
+    name = key.get_name()
+    return "ed25519" if "ed25519" in name else "ecdsa" if "ecdsa" in name else "rsa"
+
+
+def known_hosts_entry(hostname: str) -> str:
+    """`hostname` as it may go into known_hosts: a valid host name (`host_values.hostname`), or one in
+    brackets with a port; anything else (a newline, a pattern such as `*`) raises HostKeyRefused."""
+    host, port = hostname, None
+    if hostname.startswith("["):
+        host, _, port = hostname[1:].rpartition("]:")
+    try:
+        host_values.hostname(host)
+        if port is not None:
+            host_values.parse_port(port)
+    except ValueError as exc:
+        raise HostKeyRefused(f"{printable(hostname)[:80]!r} {exc}: its key is not written into known_hosts") from exc
+    return hostname
 
 
 class _AcceptNew(paramiko.MissingHostKeyPolicy):
@@ -80,6 +112,7 @@ class _AcceptNew(paramiko.MissingHostKeyPolicy):
         self.known_hosts = known_hosts
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        hostname = known_hosts_entry(hostname)  # nothing unchecked is written into known_hosts
         client.get_host_keys().add(hostname, key.get_name(), key)
         self.known_hosts.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         with self.known_hosts.open("a", encoding="utf-8") as f:

@@ -22,6 +22,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator.config.text import printable
 from orchestrator.stream.events import Event
 from orchestrator.tracking.status import STATUS_STYLE
 
@@ -137,7 +138,8 @@ class LiveProgress:
             key = (event.scope, str(data.get("task", "work")))
             # A method's decode is labelled by its method alone; its message leads with it too: said once.
             label = (event.scope if key[1] == "decode" else f"{event.scope}/{key[1]}") if event.scope else key[1]
-            message = str(data.get("message", ""))
+            label = printable(label)
+            message = printable(data.get("message", ""))
             if event.scope and message.startswith(event.scope + SEPARATOR):
                 message = message[len(event.scope + SEPARATOR) :]
             if key not in self._tasks:
@@ -149,11 +151,12 @@ class LiveProgress:
                 description=message,
             )
         elif event.kind == "start" and data.get("cuda_visible_devices"):
-            self.console.print(f"worker pid {data.get('pid')} on GPU {escape(str(data['cuda_visible_devices']))}")
+            gpu = escape(printable(data["cuda_visible_devices"]))
+            self.console.print(f"worker pid {escape(printable(data.get('pid')))} on GPU {gpu}")
         elif event.kind == "log":  # the worker's text is never read as markup (`[/INST]`, `[batch, seq]`)
-            self.console.print(f"[dim]worker:[/dim] {escape(str(data.get('message', '')))}")
+            self.console.print(f"[dim]worker:[/dim] {escape(printable(data.get('message', '')))}")
         elif event.kind == "traceback":
-            self.console.print(f"[red]worker error:[/red] {escape(str(data.get('error', '')))}")
+            self.console.print(f"[red]worker error:[/red] {escape(printable(data.get('error', '')))}")
 
     def note(self, message: str) -> None:
         self.console.print(message)
@@ -166,9 +169,9 @@ def summary_table(status: str, error: str | None, answers: dict[str, Any], links
     table.add_column("value", overflow="fold")
     table.add_row("status", f"[{STATUS_STYLE.get(status, 'white')}]{status}[/]")
     if error:
-        table.add_row("error", error)
-    for key, value in answers.items():
-        table.add_row(key, str(value))
+        table.add_row("error", Text(printable(error)))
+    for key, value in answers.items():  # the worker's own lines: text, never markup, control characters escaped
+        table.add_row(Text(printable(key)), Text(printable(value)))
     for key, value in links.items():
         table.add_row(key, value)
     return table
