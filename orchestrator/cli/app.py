@@ -650,6 +650,9 @@ def _follow(
 
 def _report(console: Console, job: Job, outcome: Outcome) -> int:
     config, run_id = job.config, job.state.run_id
+    if outcome.status is RunStatus.DETACHED and outcome.stage is Stage.FOLLOW:  # refused: the run untouched
+        print(outcome.error, file=sys.stderr)
+        return RunStatus.FAILED.exit_code
     if outcome.status is RunStatus.DETACHED:
         command = attach_command(config, run_id)
         if config.command is Command.DETACH and not outcome.error:

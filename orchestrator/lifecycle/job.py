@@ -22,13 +22,15 @@ from typing import Any
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from rich.console import Console
+from rich.markup import escape
 
 from orchestrator.config.commands import attach_command, cancel_command
 from orchestrator.config.prompts import prompts_file_text
 from orchestrator.config.redaction import redact_text
-from orchestrator.config.settings import JobConfig
+from orchestrator.config.settings import Command, JobConfig
 from orchestrator.host.launch import forget_env, start_worker, stop_worker, wait_for_start, write_spec
 from orchestrator.host.preflight import PreflightFailed, lease_candidates, run_preflight, workdir_problem
+from orchestrator.host.proof import NotProven
 from orchestrator.host.run_folder import SPEC_FILE, STDERR_FILE, WorkerStatus
 from orchestrator.host.sync import remove_abandoned_parts
 from orchestrator.host.transport import (
@@ -358,6 +360,8 @@ def stop(job: Job, reason: str, grace_s: float | None = None) -> Outcome:
                 job.mirror.pull(job.transport)
                 job.mirror.scan()
                 break
+            except NotProven as refusal:
+                raise HostLost(f"{job.host_label}: {refusal}; the run stays RUNNING") from refusal
             except CONNECTION_ERRORS as exc:
                 if attempt == 2:
                     raise HostLost(
@@ -567,6 +571,8 @@ def lifecycle(job: Job, body: Callable[[Job], Outcome]) -> Outcome:
         except PhaseFailed as exc:
             _stop_quietly(job)
             outcome = Outcome(RunStatus.FAILED, exc.message, exc.stage)
+        except (UnsafePath, NotProven) as exc:
+            outcome = refused(job, exc)
         except SlurmStopped as exc:
             job.stopping()
             job.interrupted = True
@@ -579,7 +585,7 @@ def lifecycle(job: Job, body: Callable[[Job], Outcome]) -> Outcome:
                 reason = "interrupted by the user (Ctrl-C)"
             outcome = stop(job, reason)
         if outcome.status is RunStatus.DETACHED:
-            if outcome.stage is Stage.SLURM:  # requeued: the job Slurm starts again resumes the run
+            if outcome.stage in (Stage.SLURM, Stage.FOLLOW):  # requeued (resumed by Slurm's next start), or refused
                 return outcome
             return leave_for_attach(job, outcome.error or "")
         collect(job, outcome)
@@ -598,6 +604,17 @@ def lifecycle(job: Job, body: Callable[[Job], Outcome]) -> Outcome:
         return leave_for_attach(job, "interrupted while finishing the run")
     except Exception as exc:  # noqa: BLE001 - local by elimination: named, the worker stopped, the run ended
         return _local_failure(job, exc)
+
+
+def refused(job: Job, exc: UnsafePath | NotProven) -> Outcome:
+    """The run's folder holds what the safe file layer refuses (a link, not a regular file) or its worker is not
+    proven the run's: a run started elsewhere (attach, cancel) is left exactly as it was, with the one line;
+    a run this command launched ends FAILED at stage `follow`, its worker stopped if it is proven its own."""
+    message = f"{job.host_label}: {exc}"
+    if job.config.command in (Command.ATTACH, Command.CANCEL):
+        return Outcome(RunStatus.DETACHED, f"{message}; nothing was changed", Stage.FOLLOW)
+    _stop_quietly(job)
+    return Outcome(RunStatus.FAILED, message, Stage.FOLLOW)
 
 
 def _local_failure(job: Job, exc: Exception) -> Outcome:
@@ -688,6 +705,9 @@ def _fetch(job: Job, name: str, local: Path) -> bool:
         return job.transport.fetch(posixpath.join(job.state.run_dir, name), local)
     except CONNECTION_ERRORS as exc:
         job.live.note(f"[yellow]could not fetch {name} from {job.host_label}: {exc}[/yellow]")
+        return False
+    except UnsafePath as exc:  # a link or a special file where the run's file should be: never uploaded
+        job.live.note(f"[yellow]{name} not logged: {escape(str(exc))}[/yellow]")
         return False
 
 

@@ -36,7 +36,7 @@ from mlflow.utils.validation import (
 )
 
 from orchestrator.config.redaction import redact, to_params
-from orchestrator.host.transport import Transport
+from orchestrator.host.transport import Transport, UnsafePath
 from orchestrator.stream.events import Event, progress_text
 from orchestrator.stream.state import StateStore, StreamState
 from orchestrator.tracking import tags
@@ -235,7 +235,13 @@ class MlflowSink:
             return
         with tempfile.TemporaryDirectory() as tmp:
             local = Path(tmp) / posixpath.basename(relative)
-            if self.transport.fetch(posixpath.join(self.state.run_dir, relative), local):
+            try:
+                found = self.transport.fetch(posixpath.join(self.state.run_dir, relative), local)
+            except UnsafePath as exc:  # a link out of the run folder, a FIFO: never uploaded
+                self._warn(f"artifact {relative[:80]!r} not logged: {exc}")
+                self._pending[run_id].tags[f"{tags.MISSING_ARTIFACT_PREFIX}{relative}"] = "refused: not a regular file"
+                return
+            if found:
                 folder = posixpath.dirname(relative) or None
                 self.client.log_artifact(run_id, str(local), artifact_path=folder)
             else:
