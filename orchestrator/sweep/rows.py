@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
+from orchestrator.config import host_values
+from orchestrator.config.text import printable
 from orchestrator.tracking import tags as mlflow_tags
 
 # A method run's figures a row carries; the 95 % intervals over prompts and DDTree's speedup over DFlash are
@@ -72,21 +74,21 @@ def _children(client: MlflowClient, experiment_ids: list[str], parent: str) -> l
 def sweep_rows(client: MlflowClient, parent_run_id: str) -> list[Row]:
     """One row per (job, method); a job without method runs (a probe, a failure) is one row."""
     experiment_ids = [e.experiment_id for e in client.search_experiments()]
-    jobs = sorted(
-        _children(client, experiment_ids, parent_run_id), key=lambda r: int(r.data.tags.get(mlflow_tags.SWEEP_JOB, -1))
-    )
+    jobs = sorted(_children(client, experiment_ids, parent_run_id), key=lambda r: _job_number(r.data.tags))
     overrides = {job.info.run_id: job.data.tags.get(mlflow_tags.HYDRA_OVERRIDES, "").split() for job in jobs}
     common = set.intersection(*(set(o) for o in overrides.values())) if len(jobs) > 1 else set()
     rows = []
     for job in jobs:
         tags = job.data.tags
         base = {
-            "job": int(tags.get(mlflow_tags.SWEEP_JOB, -1)),
+            "job": _job_number(tags),
             "status": job.info.status,
-            "model": tags.get(mlflow_tags.MODEL, ""),
+            "model": printable(tags.get(mlflow_tags.MODEL, ""))[:80],
             "overrides": " ".join(overrides[job.info.run_id]),
             "varies": " ".join(o for o in overrides[job.info.run_id] if o not in common),
-            "error": tags.get(mlflow_tags.ERROR, "").splitlines()[0] if tags.get(mlflow_tags.ERROR) else "",
+            "error": printable(tags.get(mlflow_tags.ERROR, "").splitlines()[0])[:300]
+            if tags.get(mlflow_tags.ERROR)
+            else "",
         }
         methods = _children(client, experiment_ids, job.info.run_id)
         if not methods:
@@ -98,10 +100,10 @@ def sweep_rows(client: MlflowClient, parent_run_id: str) -> list[Row]:
             rows.append(
                 Row(
                     **base,
-                    method=method.data.tags.get(mlflow_tags.SCOPE, method.info.run_name or ""),
+                    method=printable(method.data.tags.get(mlflow_tags.SCOPE, method.info.run_name or ""))[:80],
                     kind=kind,
-                    repeats=int(method.data.params["repeats"]) if method.data.params.get("repeats") else None,
-                    tree_budget=int(budget) if budget not in (None, "None", "") else None,
+                    repeats=_count(method.data.params.get("repeats")),
+                    tree_budget=_count(budget),
                     **values,
                 )
             )
@@ -109,6 +111,19 @@ def sweep_rows(client: MlflowClient, parent_run_id: str) -> list[Row]:
 
 
 def _method_order(run: Run) -> tuple[int, int]:
-    budget = run.data.params.get("tree_budget")
     kind = {"ar": 0, "dflash": 1}.get(run.data.params.get("method", ""), 2)
-    return kind, int(budget) if budget not in (None, "None", "") else 0
+    return kind, _count(run.data.params.get("tree_budget")) or 0
+
+
+def _count(text: str | None) -> int | None:
+    """A whole number a param or tag holds; None where it holds none (absent, `None`, or not a number)."""
+    try:
+        return host_values.integer(str(text), 0)
+    except ValueError:
+        return None
+
+
+def _job_number(run_tags: dict[str, str]) -> int:
+    """The job's number in its sweep (its `sweep.job` tag); -1 where that is not a number."""
+    number = _count(run_tags.get(mlflow_tags.SWEEP_JOB))
+    return -1 if number is None else number
