@@ -582,15 +582,19 @@ def _state_from_tags(config: JobConfig, run_id: str, run_tags: dict[str, str], c
     that is not a valid one is said, and the log is applied from its start (MLflow keeps one row per metric,
     step, time and value, so what was applied before lands once): nothing is skipped on a tag's word."""
     state = StreamState(run_id=run_id, host=config.host.name, run_dir=run_dir_for(config.host.workdir, run_id))
-    try:
-        last_seq = host_values.integer(run_tags.get(tags.LAST_SEQ, "-1"), -1)
-        offset = host_values.integer(run_tags.get(tags.OFFSET, "0"), 0)
-    except ValueError as exc:
-        raw = f"{tags.LAST_SEQ}={shown(run_tags.get(tags.LAST_SEQ))}, {tags.OFFSET}={shown(run_tags.get(tags.OFFSET))}"
-        console.print(f"[yellow]run {run_id[:8]}: its stream cursor ({escape(raw)}) {exc}: the event log is applied "
-                      "from its start[/yellow]")  # fmt: skip
-        return state
-    state.last_seq, state.offset = last_seq, offset
+    cursor = {}
+    for tag, default, least, what in (
+        (tags.LAST_SEQ, "-1", -1, "an event's seq"),
+        (tags.OFFSET, "0", 0, "a byte offset"),
+    ):
+        raw = run_tags.get(tag, default)
+        try:
+            cursor[tag] = host_values.integer(raw, least)
+        except ValueError:
+            console.print(f"[yellow]run {run_id[:8]}: its stream cursor tag {tag}={escape(shown(raw))} is not {what}: "
+                          "the event log is applied from its start[/yellow]")  # fmt: skip
+            return state
+    state.last_seq, state.offset = cursor[tags.LAST_SEQ], cursor[tags.OFFSET]
     return state
 
 

@@ -23,7 +23,7 @@ from orchestrator.config.settings import Command, JobConfig
 from orchestrator.config.validation import ConfigError
 from orchestrator.stream.state import Launched, StateStore
 from orchestrator.tracking import tags
-from orchestrator.tracking.client import outages_named
+from orchestrator.tracking.client import TrackingUnavailable, outages_named
 
 MAX_RUNS = 1000
 RUNNING_LOOKS = 20  # attach and cancel: how many of the newest runs to ask MLflow about, for one still running
@@ -100,7 +100,7 @@ def _running(client: MlflowClient, run_id: str) -> bool:
     try:
         with outages_named():
             return client.get_run(run_id).info.status == "RUNNING"
-    except MlflowException:
+    except (MlflowException, TrackingUnavailable):  # gone from the store, or no answer: not one to pick
         return False
 
 
