@@ -39,6 +39,22 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.fixture
+def tracking(monkeypatch: pytest.MonkeyPatch):
+    """The commands in-process against a fake tracking store (tests/fakes.py): no sweep, no git, and the command
+    line's overrides as a run with a secret in its environment would have them."""
+    from orchestrator.cli import app
+    from orchestrator.tracking.gitinfo import GitInfo
+    from tests.fakes import FakeTracking
+
+    fake = FakeTracking()
+    monkeypatch.setattr(app, "open_tracking", lambda _config: fake)
+    monkeypatch.setattr(app, "current_sweep", lambda _fail_fast: None)
+    monkeypatch.setattr(app, "_task_overrides", lambda: ["+host.env.HF_TOKEN=hf_secret", "seed=0"])
+    monkeypatch.setattr(app, "git_info", lambda: GitInfo("abc", False, ""))
+    return fake
+
+
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
     """`mlflow server` with an SQLite store and proxied artifacts, on 127.0.0.1 only; stopped after the session."""

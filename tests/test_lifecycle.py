@@ -35,7 +35,6 @@ from orchestrator.stream.sink import MlflowSink
 from orchestrator.stream.state import StateStore
 from orchestrator.tracking import tags
 from orchestrator.tracking.client import TrackingUnavailable, open_tracking
-from orchestrator.tracking.gitinfo import GitInfo
 from tests.conftest import free_port
 from tests.fakes import FakeHost, FakeTracking, FakeWorker, decode_log, event_line, renumber, worker_histories
 
@@ -57,16 +56,6 @@ def job_config(tmp_path: Path, *overrides: str) -> JobConfig:
             ],
         )
         return validate(cfg)
-
-
-@pytest.fixture
-def tracking(monkeypatch: pytest.MonkeyPatch) -> FakeTracking:
-    fake = FakeTracking()
-    monkeypatch.setattr(app, "open_tracking", lambda _config: fake)
-    monkeypatch.setattr(app, "current_sweep", lambda _fail_fast: None)
-    monkeypatch.setattr(app, "_task_overrides", lambda: ["+host.env.HF_TOKEN=hf_secret", "seed=0"])
-    monkeypatch.setattr(app, "git_info", lambda: GitInfo("abc", False, ""))
-    return fake
 
 
 class Terminal:

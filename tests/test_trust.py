@@ -29,7 +29,7 @@ from orchestrator.tracking import tags
 from orchestrator.tracking.location import located
 from remote_worker.safe_files import Folder, private_folder
 from tests.fakes import FakeHost, FakeTracking, FakeWorker, decode_log, worker_histories
-from tests.test_lifecycle import Terminal, job_config, run, the_run, tracking  # noqa: F401 - the fixture
+from tests.test_lifecycle import Terminal, job_config, run, the_run
 
 ROOT = os.geteuid() == 0
 
@@ -49,6 +49,7 @@ def planted(tmp_path: Path) -> tuple[Folder, Path]:
 
 def test_a_read_through_a_link_is_refused_and_reads_nothing(planted) -> None:
     folder, secret = planted
+    assert secret.read_text().startswith("the first line")
     link = Path(folder.root) / "runs" / "r" / "events.jsonl"
     link.symlink_to(secret)
     for read in (lambda: folder.read("runs/r/events.jsonl"), lambda: folder.size("runs/r/events.jsonl")):
@@ -60,7 +61,7 @@ def test_a_read_through_a_link_is_refused_and_reads_nothing(planted) -> None:
 
 
 def test_a_folder_on_the_way_that_is_a_link_is_refused(planted, tmp_path: Path) -> None:
-    folder, secret = planted
+    folder, _secret = planted
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (elsewhere / "spec.json").write_text("{}")
@@ -210,9 +211,8 @@ def test_every_tag_read_back_with_every_hostile_value(
         before = {path for path in host.files if not path.startswith(host.run_dir + "/")}
         terminal = Terminal()
         with contextlib.redirect_stderr(io.StringIO()) as err:
-            code = app.run_config(
-                job_config(tmp_path / name, f"{command}={job.run_id}"), terminal.console, lambda _config: host
-            )
+            config = job_config(tmp_path / name, f"{command}={job.run_id}")
+            code = app.run_config(config, terminal.console, lambda _config, host=host: host)
         said = terminal.text + err.getvalue()
         assert not any(ch in said for ch in "\x1b\x07"), (tag, name, said)
         assert {path for path in host.files if not path.startswith(host.run_dir + "/")} == before, (tag, name)
@@ -268,7 +268,7 @@ def test_connection_tags_are_reported_never_followed(tmp_path: Path) -> None:
         "('-oProxyCommand=sh' must be an address or a ~/.ssh/config alias (letters, digits, . - _; no user, space or "
         "@)); ignored",
     ]
-    with pytest.raises(ConfigError, match="its tag host.workdir='/w/../x' must be an absolute path without"):
+    with pytest.raises(ConfigError, match=r"its tag host\.workdir='/w/\.\./x' must be an absolute path without"):
         located(config, "b" * 32, {**run_tags, tags.HOST_WORKDIR: "/w/../x"})
 
 
@@ -365,7 +365,7 @@ def test_cancel_last_of_another_shells_sweep_job_asks_first(tmp_path: Path, monk
 
 
 def test_a_run_someone_else_created_in_the_store_is_never_last(tmp_path: Path, tracking: FakeTracking) -> None:
-    host, mine = _launched(tmp_path, tracking)
+    _host, mine = _launched(tmp_path, tracking)
     forged = tracking.create_run(mine.experiment_id, tags=dict(mine.tags)).info.run_id  # newer, same tags
     terminal = Terminal()
     config = job_config(tmp_path, "logs=last")
