@@ -281,7 +281,7 @@ def test_cancel_of_a_run_a_slurm_job_follows_ends_it_cancelled_by_the_user(
     job_id = slurm_ids(tmp_path)[0]
     cancelled = another_terminal(f"cancel={run_dir.name}", mlflow_server, tmp_path)
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
-    assert f"cancelled {run_dir.name}: scancel {job_id}; the Slurm job stops its worker" in cancelled.stdout
+    assert f"cancelled {run_dir.name}: Slurm job {job_id} CANCELLED; the run ended KILLED" in cancelled.stdout
     out, err = finish(process)
     assert process.returncode == 130, out + err
     client = MlflowClient(tracking_uri=mlflow_server.uri)

@@ -2,8 +2,9 @@
 
 `last` is yours: the newest run this user launched from this machine to that host and work folder, as
 this user's own state folder records it (`StateStore.launched`), never the newest run the tracking store
-shows (anyone who can write there could create a newer one). Runs launched from this shell (its session)
-come first; `attach` and `cancel` take the newest one still running. The command says which run it picked,
+shows (anyone who can write there could create a newer one). Where this shell (its session) launched any,
+`last` is one of this shell's: another terminal's sweep is never picked over them; `attach` and `cancel`
+take the newest one still running. The command says which run it picked,
 its name and start time, before acting; `cancel=last` asks first when that run is a sweep's job or another
 shell's (`yes=true` answers for it).
 """
@@ -76,10 +77,10 @@ def _last(
             f"{store.root}); name the run by its id"
         )
     session = os.getsid(0)
-    ordered = [r for r in mine if r.session == session] + [r for r in mine if r.session != session]
-    chosen = ordered[0]
+    pool = [r for r in mine if r.session == session] or mine  # this shell's runs, where it launched any
+    chosen = pool[0]
     if config.command in (Command.ATTACH, Command.CANCEL):
-        chosen = next((r for r in ordered[:RUNNING_LOOKS] if _running(client, r.run_id)), chosen)
+        chosen = next((r for r in pool[:RUNNING_LOOKS] if _running(client, r.run_id)), chosen)
     origin = _origin(chosen, session)
     console.print(
         f"last: run {chosen.run_id[:8]} '{chosen.name}', started {_when(chosen.started)} {origin}",
