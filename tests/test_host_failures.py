@@ -12,6 +12,7 @@ import json
 import os
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -599,3 +600,48 @@ def test_interrupted_and_failed_tar_syncs_over_ssh_leave_no_parts(sshd: SSHServe
         assert leftovers(workdir) == []
     finally:
         transport.close()
+
+
+# -- the worker's code runs only from a snapshot no one else could write ------------------------------------------
+
+
+@pytest.mark.parametrize("planted", ["group-writable file", "link", "foreign owner"])
+def test_a_snapshot_someone_else_could_have_written_is_never_run(tmp_path: Path, planted: str) -> None:
+    """A snapshot named with this tree's hash, present in the work folder, whose files another user could have
+    written (or a link): the sync refuses in one line and nothing is started from it."""
+    tree = worker_tree(tmp_path / "tree")
+    workdir = tmp_path / "remote"
+    transport = FakeSSH()
+    snapshot, copied = sync_code(transport, str(workdir), root=tree, method="tar")
+    assert copied
+    runner = Path(snapshot) / "remote_worker" / "runner.py"
+    assert stat.S_IMODE(runner.stat().st_mode) & 0o022 == 0, "extracted writable by its owner alone"
+    if planted == "group-writable file":
+        runner.chmod(0o664)
+        bad = runner
+    elif planted == "link":
+        runner.unlink()
+        runner.symlink_to(tmp_path / "elsewhere.py")
+        bad = runner
+    else:
+        if not ROOT:
+            pytest.skip("giving a file to another user needs root")
+        os.chown(runner, 65534, 65534)
+        bad = runner
+    with pytest.raises(SyncFailed) as refused:
+        sync_code(transport, str(workdir), root=tree, method="tar")
+    assert str(refused.value) == (
+        f"host.workdir {workdir}: {bad} is a link, not yours, or writable by others: the worker's code is never run "
+        "from there (remove it, or choose another host.workdir)"
+    )
+
+
+def test_an_untrusted_snapshot_is_never_linked_from(tmp_path: Path) -> None:
+    """`--link-dest` hard-links unchanged files from the newest snapshot: one others could write is not offered."""
+    code = tmp_path / "code"
+    (code / "old" / "remote_worker").mkdir(parents=True)
+    (code / "old" / COMPLETE_MARK).write_text("")
+    (code / "old" / "remote_worker" / "runner.py").write_text("x")
+    assert f"newest {code / 'old'}" in look(LocalTransport(), code, "10")
+    (code / "old" / "remote_worker" / "runner.py").chmod(0o666)
+    assert "newest" not in look(LocalTransport(), code, "10")

@@ -414,7 +414,39 @@ def test_cancel_stops_the_worker_and_ends_killed(tmp_path: Path, tracking: FakeT
     code, out = run(job_config(tmp_path, f"cancel={job.run_id}"), host)
     assert code == 0, out
     assert job.status == "KILLED" and job.tags[tags.ERROR] == "cancelled by the user"
-    assert f"cancelled {job.run_id}" in out
+    assert f"cancelled {job.run_id}: its worker was stopped and the run ends KILLED" in out
+    assert_exact(tracking, host)
+
+
+def test_a_cancel_says_what_happened_when_the_worker_had_ended_or_ends_first(
+    tmp_path: Path, tracking: FakeTracking
+) -> None:
+    """The line comes after the fact: a worker that had already finished (its end not yet recorded), one that
+    finishes on its own while the cancel is on its way, and a run MLflow already has as ended."""
+    host = FakeHost(FakeWorker(decode_log(), lines_per_look=100))
+    run(job_config(tmp_path / "a", "detach=true"), host)
+    job = the_run(tracking)
+    while host.worker.state == "running":
+        host._look()
+    code, out = run(job_config(tmp_path / "a", f"cancel={job.run_id}"), host)
+    assert code == 0 and job.status == "FINISHED" and host.signals_sent() == [], out
+    assert f"{job.run_id} had already ended before the cancel: the run ends FINISHED; nothing was stopped" in out
+    code, out = run(job_config(tmp_path / "a", f"cancel={job.run_id}"), host)
+    assert code == 0 and out.strip().endswith(f"run {job.run_id} has already ended (FINISHED); nothing was cancelled")
+
+    tracking.runs.clear()
+    host = FakeHost(FakeWorker(decode_log(rounds=40), lines_per_look=1))
+    run(job_config(tmp_path / "b", "detach=true"), host)
+    job = the_run(tracking)
+
+    def finishes_first(host: FakeHost) -> None:  # the cancel's mark lands as the worker writes its last lines
+        if posixpath.join(host.run_dir, "cancel_requested") in host.files and host.worker.state == "running":
+            host.worker.lines_per_look = len(host.worker.lines)
+
+    host.on_look = finishes_first
+    code, out = run(job_config(tmp_path / "b", f"cancel={job.run_id}"), host)
+    assert code == 0 and job.status == "FINISHED", out
+    assert f"{job.run_id} finished before the cancel reached it: the run ends FINISHED" in " ".join(out.split())
     assert_exact(tracking, host)
 
 

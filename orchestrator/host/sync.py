@@ -89,6 +89,7 @@ def _tarball(files: list[Path], root: Path) -> bytes:
             info = tar.gettarinfo(str(path), arcname=path.relative_to(root).as_posix())
             info.uid = info.gid = 0
             info.uname = info.gname = ""
+            info.mode &= ~0o022  # writable by its owner alone on the host, whatever this checkout's umask was
             with path.open("rb") as f:
                 tar.addfile(info, f)
     return buffer.getvalue()
@@ -103,14 +104,20 @@ _SWEEP = (
     'recent=$(find "$part" -cmin "-$3" 2>/dev/null) || continue; '
     '[ -n "$recent" ] || rm -rf -- "$part"; done; '
 )
+# What runs as the worker is imported from here: a code folder or snapshot that is a link, not this user's, or
+# writable by anyone else may hold code someone planted (a snapshot named with our hash, or files a
+# `--link-dest` would hard-link into ours). `_FOREIGN` prints the first such entry under $1 ($1 included).
+_FOREIGN = 'find "$1" \\( -type l -o ! -user "$(id -u)" -o -perm /022 \\) -print 2>/dev/null | head -n 1'
 _LOOK = (
-    _SWEEP + f'if [ -f "$1/$2/{COMPLETE_MARK}" ]; then echo present; exit 0; fi; '
-    'mkdir -p "$1" && chmod 700 "$1" || exit 1; echo "pid $$"; '
-    "command -v rsync >/dev/null 2>&1 && echo rsync; "
-    f'newest=$(ls -1t -- "$1"/*/{COMPLETE_MARK} 2>/dev/null | head -n 1); '
-    f'[ -z "$newest" ] || echo "newest ${{newest%/{COMPLETE_MARK}}}"'
+    'if [ -L "$1" ]; then echo "unsafe $1"; exit 0; fi; [ -d "$1" ] || mkdir -p "$1" || exit 1; '
+    'bad=$(find "$1" -maxdepth 0 ! -user "$(id -u)" -print); [ -z "$bad" ] || { echo "unsafe $bad"; exit 0; }; '
+    'chmod 700 "$1" || exit 1; ' + _SWEEP + f'if [ -f "$1/$2/{COMPLETE_MARK}" ]; then '
+    f'bad=$(set -- "$1/$2"; {_FOREIGN}); [ -z "$bad" ] && echo present || echo "unsafe $bad"; exit 0; fi; '
+    'echo "pid $$"; command -v rsync >/dev/null 2>&1 && echo rsync; '
+    f'newest=$(ls -1t -- "$1"/*/{COMPLETE_MARK} 2>/dev/null | head -n 1); newest=${{newest%/{COMPLETE_MARK}}}; '
+    f'[ -n "$newest" ] && [ -z "$(set -- "$newest"; {_FOREIGN})" ] && echo "newest $newest"; exit 0'
 )
-_UNTAR = 'mkdir -p "$1" && tar -xzf "$2" -C "$1"; status=$?; rm -f "$2"; exit $status'
+_UNTAR = 'umask 022; mkdir -p "$1" && tar --no-same-owner -xzf "$2" -C "$1"; status=$?; rm -f "$2"; exit $status'
 # Another orchestrator may have published the same snapshot meanwhile: then keep theirs.
 _PUBLISH = f'touch "$1/{COMPLETE_MARK}" && {{ mv -T "$1" "$2" 2>/dev/null || rm -rf "$1"; }}'
 
@@ -123,6 +130,7 @@ def _rsync(transport: RemoteHost, files: list[Path], root: Path, partial: str, p
             "rsync",
             "-s",  # arguments reach the remote rsync verbatim, never through its shell (--protect-args)
             "--archive",
+            "--chmod=go-w",  # writable by its owner alone on the host (`_LOOK` refuses anything else)
             "--checksum",
             f"--files-from={listing.name}",
             *([f"--link-dest={previous}"] if previous else []),
@@ -155,6 +163,11 @@ def sync_code(
     except CommandFailed as error:  # the code folder cannot be made: say why in the host's settings
         raise _sync_failure(transport, workdir, error) from error
     look = dict(line.partition(" ")[::2] for line in looked.stdout.splitlines())
+    if "unsafe" in look:  # never imported from: refused in one line, nothing copied or started
+        raise SyncFailed(
+            f"host.workdir {workdir}: {look['unsafe']} is a link, not yours, or writable by others: the worker's code "
+            "is never run from there (remove it, or choose another host.workdir)"
+        )
     if "present" in look:
         return snapshot, False
     here = shutil.which("rsync") is not None and shutil.which("ssh") is not None
