@@ -187,8 +187,6 @@ class FakeHost:
             elif script == "ls":  # the run folders under $1
                 prefix = argv[4].rstrip("/") + "/"
                 out = "\n".join(sorted({p[len(prefix) :].split("/")[0] for p in self.files if p.startswith(prefix)}))
-            elif script == "size":  # the byte size of the file $1 (0 when it is missing)
-                out = f"{len(self.files.get(argv[4], b''))}\n"
             elif script == "run-facts":  # $1 the work folder, $2 the run id (see orchestrator/host/proof.py)
                 out = self._facts(posixpath.join(argv[4], "runs", argv[5]), argv[5])
             elif script == "workdir-check":

@@ -21,7 +21,7 @@ from orchestrator.config.commands import attach_command
 from orchestrator.config.settings import JobConfig
 from orchestrator.config.text import printable
 from orchestrator.host.run_folder import STDERR_FILE, WorkerStatus, worker_status
-from orchestrator.host.transport import Transport
+from orchestrator.host.transport import Transport, UnsafePath
 from orchestrator.stream.events import EVENTS_FILE, Event, parse_chunk, progress_text
 from orchestrator.tracking import tags
 
@@ -184,11 +184,15 @@ def _tau(value: object, method: object) -> str:
 
 
 def read_log_report(transport: Transport, run_dir: str) -> LogReport:
-    """The last progress event and the best method's tau, from the tail of the run's events.jsonl."""
+    """The last progress event and the best method's tau, from the tail of the run's events.jsonl (nothing
+    where the safe file layer refuses the file: a link is not read)."""
     path = posixpath.join(run_dir, EVENTS_FILE)
-    size = transport.run(["sh", "-c", 'wc -c 2>/dev/null < "$1" || echo 0', "size", path]).stdout.strip()
-    start = max(0, int(size) - LOG_TAIL_BYTES) if size.isdigit() else 0
-    events, _cut_first_line, _ = parse_chunk(transport.read_bytes(path, start, LOG_TAIL_BYTES), start)
+    try:
+        start = max(0, (transport.file_size(path) or 0) - LOG_TAIL_BYTES)
+        chunk = transport.read_bytes(path, start, LOG_TAIL_BYTES)
+    except UnsafePath:
+        return LogReport()
+    events, _cut_first_line, _ = parse_chunk(chunk, start)
     tau = _tau(_last(events, "metrics", "best.tau"), _last(events, "tags", tags.BEST_METHOD))
     end = next((event for event in reversed(events) if event.kind == "end"), None)
     last = max((event.t for event in events if not event.host_sample), default=None)

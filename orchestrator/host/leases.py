@@ -62,7 +62,7 @@ _PROBE = (
     "else exec 8<&-; busy=$((busy + 1)); fi; done; "
     'if [ -z "$gpus" ]; then '
     'for p in "$workdir"/runs/*/pid; do [ -f "$p" ] || continue; [ -f "${p%/pid}/exit_code" ] && continue; '
-    "pid=$(cat \"$p\" 2>/dev/null); case $pid in ''|*[!0-9]*) continue;; esac; "
+    "pid=$(dd if=\"$p\" iflag=nofollow,nonblock status=none 2>/dev/null); case $pid in ''|*[!0-9]*) continue;; esac; "
     'kill -0 -"$pid" 2>/dev/null && running=$((running + 1)); done; '
     f'for r in "$locks/host.{RESERVED}".*; do [ -f "$r" ] || continue; ends=$(cat "$r" 2>/dev/null); '
     "case $ends in ''|*[!0-9]*) ends=0;; esac; "
