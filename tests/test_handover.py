@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config.handover import read_whole, sh_write_whole, write_first, write_whole
-from orchestrator.host import launch, leases
+from orchestrator.host import launch, leases, run_folder
 from orchestrator.sweep import host_pool, job_errors, membership, slurm
 
 WRITES = 3000
@@ -151,7 +151,7 @@ def _looks(writer: subprocess.Popen, folder: Path) -> list[str]:
     """The status script's answers, asked again and again while `writer` runs."""
     seen = []
     while writer.poll() is None:
-        argv = ["sh", "-c", launch._STATUS, "status", str(folder)]
+        argv = ["sh", "-c", run_folder._STATUS, "status", str(folder)]
         seen.append(subprocess.run(argv, capture_output=True, text=True).stdout.strip())
     assert writer.returncode == 0
     return seen
@@ -160,11 +160,11 @@ def _looks(writer: subprocess.Popen, folder: Path) -> list[str]:
 def test_the_workers_pid_is_never_read_half_written(tmp_path: Path) -> None:
     """The status script reads `pid` while the supervisor writes it: a live worker is never `vanished` (or
     without its pid) because the pid was read empty."""
-    assert launch._SUPERVISE.startswith(sh_write_whole("$$", launch.PID_FILE))  # the supervisor's own write
+    assert launch._SUPERVISE.startswith(sh_write_whole("$$", run_folder.PID_FILE))  # the supervisor's own write
     sleeper = subprocess.Popen(["setsid", "sleep", "120"])
     try:
         time.sleep(0.2)
-        seen = _looks(_sh_loop(sh_write_whole(str(sleeper.pid), launch.PID_FILE), tmp_path), tmp_path)
+        seen = _looks(_sh_loop(sh_write_whole(str(sleeper.pid), run_folder.PID_FILE), tmp_path), tmp_path)
         wrong = [s for s in seen if s not in ("starting", f"running {sleeper.pid}")]
         assert not wrong, f"{len(wrong)} of {len(seen)} looks misread the pid: {wrong[:3]}"
     finally:
@@ -173,12 +173,12 @@ def test_the_workers_pid_is_never_read_half_written(tmp_path: Path) -> None:
 
 
 def test_the_exit_code_is_never_read_half_written(tmp_path: Path) -> None:
-    assert launch._SUPERVISE.endswith(sh_write_whole("$code", launch.EXIT_CODE_FILE))
-    (tmp_path / launch.PID_FILE).write_text("999999999\n")  # no such process: without an exit code, vanished
-    seen = _looks(_sh_loop(sh_write_whole("137", launch.EXIT_CODE_FILE), tmp_path), tmp_path)
+    assert launch._SUPERVISE.endswith(sh_write_whole("$code", run_folder.EXIT_CODE_FILE))
+    (tmp_path / run_folder.PID_FILE).write_text("999999999\n")  # no such process: without an exit code, vanished
+    seen = _looks(_sh_loop(sh_write_whole("137", run_folder.EXIT_CODE_FILE), tmp_path), tmp_path)
     wrong = [s for s in seen if s not in ("exited 137", "vanished 999999999")]
     assert not wrong, f"{len(wrong)} of {len(seen)} looks misread the exit code: {wrong[:3]}"
-    assert sorted(p.name for p in tmp_path.iterdir()) == [launch.EXIT_CODE_FILE, launch.PID_FILE]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [run_folder.EXIT_CODE_FILE, run_folder.PID_FILE]
 
 
 @pytest.mark.skipif(shutil.which("flock") is None, reason="flock (util-linux) is not installed")

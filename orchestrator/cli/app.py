@@ -35,6 +35,7 @@ from orchestrator.cli.run_ref import find_run
 from orchestrator.config import host_values
 from orchestrator.config.commands import attach_command, carried
 from orchestrator.config.commands import cancel_command as cancel_command_text
+from orchestrator.config.host_values import run_dir_for
 from orchestrator.config.redaction import redact_hydra_outputs, redact_text
 from orchestrator.config.settings import Command, JobConfig
 from orchestrator.config.text import printable, shown
@@ -42,7 +43,7 @@ from orchestrator.config.validation import ConfigError, validate
 from orchestrator.host.connect import transport_for
 from orchestrator.host.launch import stop_worker
 from orchestrator.host.proof import NotProven, prove_folder, prove_worker
-from orchestrator.host.run_folder import WorkerStatus, run_dir_for, worker_status
+from orchestrator.host.run_folder import WorkerStatus, worker_status
 from orchestrator.host.transport import CONNECTION_ERRORS, Transport
 from orchestrator.lifecycle.display import LiveProgress, summary_table
 from orchestrator.lifecycle.errors import HostLost, Interrupted, LocalFailure, PhaseFailed
@@ -70,10 +71,10 @@ from orchestrator.sweep.slurm import (
     SlurmSignals,
     StartedRun,
     current_slurm_job,
-    job_fields,
     mark_job,
     record_run,
     recorded_run,
+    settled_state,
     slurm_job_problem,
 )
 from orchestrator.tracking import tags
@@ -366,7 +367,7 @@ def _cancel_slurm_job(
         print(f"scancel {job}: {done.stderr.strip() or f'exit code {done.returncode}'}", file=sys.stderr)
         return RunStatus.FAILED.exit_code
     ended = _await_end(client, state.run_id, config.orchestrator.kill_grace_s + STOP_GRACE_S + 30)
-    slurm_said = job_fields(job).get("JobState", "no answer")
+    slurm_said = settled_state(job)
     if ended is None:
         print(f"scancel {job} returned, Slurm says {slurm_said}, but run {state.run_id} is still RUNNING in MLflow; "
               f"`{cancel_command_text(config, state.run_id)}` again, or look at the job", file=sys.stderr)  # fmt: skip

@@ -11,6 +11,7 @@ Every check raises `ValueError` with the reason; the caller names the key or the
 
 from __future__ import annotations
 
+import posixpath
 import re
 from typing import Any
 
@@ -82,6 +83,11 @@ def integer(text: str, minimum: int, maximum: int = MAX_INT) -> int:
 
 def parse_port(text: str) -> int:
     return port(integer(text, 1, 65535))
+
+
+def run_dir_for(workdir: str, run_id: str) -> str:
+    """A run's folder: always `runs/<run id>` of the work folder (whatever a tag or a file says)."""
+    return posixpath.join(workdir, "runs", run_id)
 
 
 # The connection settings a run records (tag → the command line's key, its check on a tag's text).

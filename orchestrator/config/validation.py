@@ -144,7 +144,8 @@ def _host_value(key: str, value: Any, check: Callable[[Any], Any], what: str = "
     try:
         check(value)
     except ValueError as exc:
-        raise ConfigError(f"{key}={str(value)[:80]!r} {exc}{what}") from exc
+        shown = repr(value) if len(repr(value)) <= 80 else f"{repr(value)[:80]}…"
+        raise ConfigError(f"{key}={shown} {exc}{what}") from exc
 
 
 def _check_ssh_host(container: dict[str, Any]) -> None:

@@ -7,7 +7,6 @@ following a link (`sh_read`), and every one that writes them writes whole (`sh_w
 
 from __future__ import annotations
 
-import posixpath
 from dataclasses import dataclass
 
 from orchestrator.config.handover import sh_read
@@ -65,10 +64,6 @@ class WorkerStatus:
         if self.state == "unstarted":
             return "the start command failed before the worker had a pid (see stderr.log)"
         return f"worker is {self.state}"
-
-
-def run_dir_for(workdir: str, run_id: str) -> str:
-    return posixpath.join(workdir, "runs", run_id)
 
 
 def worker_status(transport: Transport, run_dir: str) -> WorkerStatus:

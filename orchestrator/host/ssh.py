@@ -184,6 +184,7 @@ class SSHTransport:
         self._connection = connection_for(self.ssh)
         self._sftp: paramiko.SFTPClient | None = None
         self._files = SSHFiles(self, host.workdir)
+        self._opened = False  # open() succeeded and close() has not been called since
 
     # -- connection --------------------------------------------------------------------------------
 
@@ -200,6 +201,7 @@ class SSHTransport:
         _detect_dead_links(self._connection, self.ssh)
         if isinstance(self._connection.gateway, Connection):
             _detect_dead_links(self._connection.gateway, self.ssh)
+        self._opened = True
 
     def _port_of(self, address: str) -> int:
         """The port dialled for `address`: the gateway's when it is the gateway's host (ProxyJump), else the
@@ -227,6 +229,7 @@ class SSHTransport:
         return self._sftp
 
     def close(self) -> None:
+        self._opened = False
         if self._sftp is not None:
             with contextlib.suppress(*CONNECTION_ERRORS):
                 self._sftp.close()
@@ -305,6 +308,8 @@ class SSHTransport:
         """Run `argv` on a channel of its own; (exit code, stdout as bytes, stderr). With `sink`, stdout goes
         there chunk by chunk instead (a fetched file is never held whole in memory)."""
         if not self._connection.is_connected:
+            if self._opened:  # it was up, and went away: a loss the caller reconnects from (and says so)
+                raise ConnectionLost(f"{self.name}: connection lost")
             self.open()
         link = self._connection.client.get_transport()
         if link is None or not link.is_active():

@@ -31,6 +31,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 from dataclasses import asdict, dataclass
 from enum import Enum
 from pathlib import Path
@@ -120,6 +121,20 @@ def slurm_job_problem(job_id: str, run_id: str) -> str | None:
     if run_id not in fields.get("Comment", "") and run_id not in fields.get("JobName", ""):
         return f"Slurm job {job_id} does not carry run {run_id[:8]} in its comment or name: not this run's job"
     return None
+
+
+_PASSING = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED")  # states a job leaves on its own
+
+
+def settled_state(job_id: str, timeout_s: float = 15.0) -> str:
+    """The job's state once Slurm has settled it (`CANCELLED`, `COMPLETED`, …; a job ending goes through
+    `COMPLETING` first), or its state after `timeout_s`; `no answer` when scontrol says nothing."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = job_fields(job_id).get("JobState", "no answer")
+        if state not in _PASSING or time.monotonic() > deadline:
+            return state
+        time.sleep(0.5)
 
 
 def seconds(duration: str) -> float | None:

@@ -23,7 +23,6 @@ from orchestrator.config import host_values
 from orchestrator.config.settings import HostConfig, JobConfig
 from orchestrator.config.text import shown
 from orchestrator.config.validation import ConfigError
-from orchestrator.host.run_folder import run_dir_for
 from orchestrator.tracking import tags
 
 HOST_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # a host config's name (conf/host/<name>.yaml)
@@ -77,7 +76,7 @@ def located(config: JobConfig, run_id: str, run_tags: Mapping[str, str]) -> Loca
             f"run {short} records host.workdir={recorded}; this command's is {workdir}. A tag is never followed: "
             f"give host.workdir={recorded} if that is where you launched it"
         )
-    run_dir = run_dir_for(workdir, run_id)
+    run_dir = host_values.run_dir_for(workdir, run_id)
     notes = []
     claimed = run_tags.get(tags.HOST_RUN_DIR)
     if claimed is not None and claimed != run_dir:
