@@ -1,5 +1,7 @@
 """The budget answer (`budget_choice`): one cost model for AR and every budget, checked at the budgets the run
-decoded, and withheld, with the reason in the line the user reads, wherever it contradicts itself or the run."""
+decoded; one budget named only where its lead and the prompts bear it out, else the range of budgets within
+the error of the best; withheld, with the reason in the line the user reads, wherever it contradicts itself or
+the run."""
 
 from __future__ import annotations
 
@@ -60,14 +62,26 @@ def test_the_speedup_divides_by_ar_predicted_from_the_same_costs_and_the_error_i
     assert prediction.metrics()["budget.prediction_error"] == pytest.approx(sorted(map(abs, errors.values()))[1])
 
 
-def test_an_error_larger_than_the_lead_that_picks_the_best_withholds_the_answer() -> None:
-    prediction = answer(measured_2=600.0)  # budget 2's prediction 644.4 is 7.4 % above it; budget 3 leads by 5.0 %
+def test_an_error_larger_than_the_lead_answers_with_the_range_within_that_error() -> None:
+    """Budget 2's prediction 644.4 is 7.4 % above its measured 600; budget 3 leads it by 5.0 %. The budgets
+    within 7.4 % of budget 3's 700 tok/s (≥ 651.7): 2 (666.7), 3 (700) and 4 (654.5); budget 1 (500) is not."""
+    prediction = answer(measured_2=600.0)
+    assert not prediction.told and prediction.ranged and prediction.within == [2, 3, 4]
     assert prediction.line() == (
-        "the fastest budget cannot be told on this host: budget 3 leads budget 2 (decoded) by 5.0 %, less than "
-        "the prediction's error at the budgets decoded (±7 % at 2 budgets) (measured at 4: ×1.62)"
+        "on this host, budgets 2–4 are within ±7 % of the fastest predicted (3: ×1.75 vs AR; ±7 % at AR and the 2 "
+        "budgets decoded); 4, decoded, ran ×1.62: 3 leads 2 (decoded) by 5.0 %, less than that error"
     )
-    assert set(prediction.metrics()) == CHECKED  # no best.predicted_*
-    assert prediction.as_record()["cannot_tell"]
+    assert set(prediction.metrics()) == CHECKED | {"budget.range_low", "budget.range_high"}  # no best.predicted_*
+    assert (prediction.metrics()["budget.range_low"], prediction.metrics()["budget.range_high"]) == (2, 4)
+    assert not prediction.as_record()["cannot_tell"]
+
+
+def test_too_few_prompts_name_no_single_budget_however_large_its_lead() -> None:
+    prediction = answer(prompts=2)
+    assert not prediction.told and prediction.within == [3]  # within ±5 % of 700: budget 3 alone
+    assert prediction.line().endswith("; 4, decoded, ran ×1.62: 2 prompts are too few to name one budget (at least 5)")
+    assert prediction.line().startswith("on this host, budget 3 is within ±")
+    assert answer(prompts=5).told
 
 
 def test_a_best_predicted_slower_than_predicted_ar_withholds_the_answer() -> None:

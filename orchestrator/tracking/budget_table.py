@@ -55,6 +55,8 @@ def budget_markdown(document: dict[str, Any]) -> list[str]:
     shown |= {r["budget"] for r in rows if r["tau_measured"] is not None}
     if prediction.get("best_budget"):
         shown.add(prediction["best_budget"])
+    if prediction.get("no_single") and prediction.get("within"):
+        shown |= {prediction["within"][0], prediction["within"][-1]}
     picked = [r for r in rows if r["budget"] in shown]
     lines = [
         f"**tau at every budget**, estimated from the {curve['rounds']} rounds of {curve['scope']} (each round "

@@ -102,7 +102,12 @@ def draw_budget_curve(summary: dict) -> plt.Figure:
         axis.plot(prediction["budgets"], prediction["tokens_per_s"], "-", label="predicted (tau / node costs)")
         _measured_points(axis, trees, "tokens_per_s", "measured")
         best = prediction["best_budget"]
-        if not prediction.get("cannot_tell"):
+        if not prediction.get("cannot_tell") and prediction.get("no_single") and prediction.get("within"):
+            low, high = prediction["within"][0], prediction["within"][-1]  # one budget cannot be named: the range
+            error = max(abs(c["error"]) for c in prediction["checks"] if c["budget"])
+            axis.axvspan(low - 0.5, high + 0.5, color="tab:red", alpha=0.12,
+                         label=f"within ±{100 * error:.0f} % of the best predicted: {low}–{high}")  # fmt: skip
+        elif not prediction.get("cannot_tell"):
             error = prediction.get("error_worst")
             within = f", ±{100 * error:.0f} %" if error is not None else ""
             label = f"predicted best: {best} (×{prediction['best_speedup_vs_ar']:.2f} vs AR{within})"

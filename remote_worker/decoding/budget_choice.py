@@ -13,15 +13,18 @@ they were measured scales both; AR's measured speed is kept beside it as a measu
 **The check.** At every budget the run decoded, the prediction made without that decode's rounds
 (`held_out_tau`; the largest decoded budget has none larger, so its own) is set against the measured
 tokens/s, and AR's predicted speed against AR's measured: `error_median` and `error_worst` (relative), over
-AR and the decoded budgets, since a speedup's error is theirs together. The
-answer is withheld, and the line says why, where the prediction contradicts itself or the run:
+AR and the decoded budgets, since a speedup's error is theirs together.
+
+**The answer never claims more than the run measured.** One budget is named only where its predicted lead
+over the best decoded rival is larger than the prediction's worst error at the decoded budgets (AR's error is
+left out there: it moves every budget's speedup alike), and the run decoded at least `bootstrap.MIN_PROMPTS`
+prompts. Otherwise the answer is the range: the budgets whose predicted speed is within that error of the
+fastest's (`within`), with the best decoded budget's measurement beside it. The answer is withheld, and the
+line says why, only where the prediction contradicts itself or the run:
 
 - its costs describe other rounds than the run decoded (eager costs, compiled decodes);
 - by its own costs no budget is faster than AR;
-- the run measured every drafting method slower than AR, and the costs say otherwise;
-- its worst error at the decoded budgets is larger than the lead that picks the best budget (over the best
-  of the decoded budgets, the answer the run already has). AR's error is left out of this one: it moves every
-  budget's speedup alike.
+- the run measured every drafting method slower than AR, and the costs say otherwise.
 
 A best budget is chosen among the budgets whose tree fits the device's free memory (`tree_memory`'s count).
 """
@@ -31,6 +34,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
+
+from remote_worker.decoding.bootstrap import MIN_PROMPTS
 
 
 class RoundCosts(Protocol):
@@ -86,10 +91,23 @@ class Prediction:
     tree_memory_mb: list[float]  # per budget: the tree's memory by `tree_memory`'s count (a lower bound)
     fits_up_to: int  # the largest budget whose tree fits the free memory (the largest covered when unknown)
     cannot_tell: str  # why the answer is withheld; empty when it is given
+    within: list[int]  # the budgets whose predicted speed is within the trees' worst error of the best's
+    no_single: str  # why no one budget is named (the answer is then the range `within`); empty when one is
 
     @property
     def told(self) -> bool:
-        return not self.cannot_tell
+        """One budget is named: the prediction holds and its lead and the prompts bear it out."""
+        return not self.cannot_tell and not self.no_single
+
+    @property
+    def ranged(self) -> bool:
+        """The answer is the range `within`: the prediction holds, but one budget cannot be told from others."""
+        return not self.cannot_tell and bool(self.no_single)
+
+    @property
+    def tree_error(self) -> float:
+        """The worst error at the decoded budgets (AR's left out: it moves every budget's speedup alike)."""
+        return max(abs(c.error) for c in self.checks if c.budget)
 
     @property
     def at_edge(self) -> bool:
@@ -118,6 +136,8 @@ class Prediction:
                 "best.predicted_speedup_vs_ar": self.best_speedup_vs_ar,
                 "best.predicted_tokens_per_s": self.best_tokens_per_s,
             }
+        elif self.ranged:
+            figures = {"budget.range_low": float(self.within[0]), "budget.range_high": float(self.within[-1])}
         return {**figures, "budget.prediction_error": self.error_median,
                 "budget.prediction_error_worst": self.error_worst}  # fmt: skip
 
@@ -133,22 +153,48 @@ class Prediction:
 
     def line(self) -> str:
         """The terminal's line: `on this host, budget 15 is predicted fastest: ×1.21 vs AR (±4 % at the 3
-        budgets decoded; measured at 16: ×1.17)`, or why the run cannot tell."""
+        budgets decoded; measured at 16: ×1.17)`; where one budget cannot be told from others, the range:
+        `on this host, budgets 12–24 are within ±8 % of the fastest predicted (18: ×2.21 vs AR); 16, decoded,
+        ran ×2.02 (…)`; or why the run cannot tell."""
         best = self.best_measured()
         measured = f"measured at {best.budget}: ×{best.speedup_vs_ar:.2f}" if best is not None else ""
-        if not self.told:
+        if self.cannot_tell:
             return f"the fastest budget cannot be told on this host: {self.cannot_tell}" + (
                 f" ({measured})" if measured else ""
             )
+        if self.ranged:
+            which = f"budgets {spans(self.within)} are" if len(self.within) > 1 else f"budget {self.within[0]} is"
+            text = (
+                f"on this host, {which} within ±{100 * self.tree_error:.0f} % of the fastest predicted "
+                f"({self.best_budget}: ×{self.best_speedup_vs_ar:.2f} vs AR; {self._error_text()})"
+            )
+            if best is not None:
+                text += f"; {best.budget}, decoded, ran ×{best.speedup_vs_ar:.2f}"
+            return text + f": {self.no_single}" + self._limits()
         text = (
             f"on this host, budget {self.best_budget} is predicted fastest: ×{self.best_speedup_vs_ar:.2f} vs AR "
             f"({self._error_text()}{'; ' + measured if measured else ''})"
         )
+        return text + self._limits()
+
+    def _limits(self) -> str:
+        """What the answer cannot see past: the largest budget covered, the memory."""
+        text = ""
         if self.at_edge:
             text += f"; {self.best_budget} is the largest budget this run can tell, a larger one may be faster"
         if self.fits_up_to < self.budgets[-1]:
             text += f"; budgets above {self.fits_up_to} do not fit the free memory"
         return text
+
+
+def spans(budgets: list[int]) -> str:
+    """`12–24` for a run of consecutive budgets, `8, 12–24` where there are gaps."""
+    parts, start = [], budgets[0]
+    for previous, budget in zip(budgets, [*budgets[1:], None], strict=True):
+        if budget != previous + 1:
+            parts.append(f"{start}" if start == previous else f"{start}–{previous}")
+            start = budget
+    return ", ".join(parts)
 
 
 def _decoded(checks: list[Check]) -> str:
@@ -158,10 +204,9 @@ def _decoded(checks: list[Check]) -> str:
 
 
 def _cannot_tell(
-    speeds: dict[int, float], best: int, ar: float, checks: list[Check], costs_kind: str, run_kind: str,
-    drafting_slower: bool, fits: int,
-) -> str:  # fmt: skip
-    """Why the prediction cannot answer (the module's list, in that order); empty when it can."""
+    speeds: dict[int, float], best: int, ar: float, costs_kind: str, run_kind: str, drafting_slower: bool
+) -> str:
+    """Why the prediction cannot answer at all (the module's list, in that order); empty when it can."""
     if costs_kind != run_kind:
         return f"its costs are of {costs_kind} rounds, and this run decoded {run_kind} ones"
     speedup = speeds[best] / ar
@@ -172,17 +217,20 @@ def _cannot_tell(
             f"the run measured every drafting method slower than AR, and its costs predict budget {best} at "
             f"×{speedup:.2f}: they disagree"
         )
+    return ""
+
+
+def _no_single(speeds: dict[int, float], best: int, checks: list[Check], fits: int, prompts: int | None) -> str:
+    """Why one budget cannot be named (the answer is then a range); empty when it can."""
+    if prompts is not None and prompts < MIN_PROMPTS:
+        return f"{prompts} prompt{'s' * (prompts != 1)} are too few to name one budget (at least {MIN_PROMPTS})"
     rivals = [c.budget for c in checks if c.budget not in (0, best) and c.budget <= fits]
-    trees = [abs(c.error) for c in checks if c.budget]  # AR's error moves every budget alike: not the lead
+    error = max(abs(c.error) for c in checks if c.budget)
     if rivals:
         rival = max(rivals, key=lambda b: speeds[b])
         lead = speeds[best] / speeds[rival] - 1
-        if max(trees) > lead:
-            count = len(trees)
-            return (
-                f"budget {best} leads budget {rival} (decoded) by {100 * lead:.1f} %, less than the prediction's "
-                f"error at the budgets decoded (±{100 * max(trees):.0f} % at {count} budget{'s' * (count != 1)})"
-            )
+        if error > lead:
+            return f"{best} leads {rival} (decoded) by {100 * lead:.1f} %, less than that error"
     return ""
 
 
@@ -197,10 +245,11 @@ def predict(
     drafting_slower: bool = False,
     tree_memory_mb: list[float] | None = None,
     free_mb: float | None = None,
+    prompts: int | None = None,
 ) -> Prediction:
     """tau: tau(b) for b = 1 … len(tau) (`nearest_tau`); held_out: decoded budget → its `held_out_tau`;
     ar_tokens_per_s: AR's measured speed; tree_memory_mb: the tree's count per budget, which `free_mb` must
-    hold (either may be None: nothing known)."""
+    hold (either may be None: nothing known); prompts: how many prompts the figures rest on (None: enough)."""
     if ar_tokens_per_s <= 0:
         raise ValueError(f"AR's measured speed must be positive, not {ar_tokens_per_s}")
     if any(m.tokens_per_s <= 0 for m in measured):
@@ -226,6 +275,8 @@ def predict(
     ar = 1000 / costs.ar_round_ms()
     checks = [Check(0, ar, ar_tokens_per_s)]
     checks += [Check(m.budget, 1000 * held_out[m.budget] / costs.round_ms(m.budget), m.tokens_per_s) for m in inside]
+    error = max(abs(c.error) for c in checks if c.budget)
+    within = [b for b in budgets[:fits] if speeds[b] * (1 + error) >= speeds[best]]
     return Prediction(
         budgets=budgets,
         tau=tau[:largest],
@@ -241,5 +292,7 @@ def predict(
         run_kind=run_kind,
         tree_memory_mb=memory,
         fits_up_to=fits,
-        cannot_tell=_cannot_tell(speeds, best, ar, checks, costs.kind, run_kind, drafting_slower, fits),
+        cannot_tell=_cannot_tell(speeds, best, ar, costs.kind, run_kind, drafting_slower),
+        within=within,
+        no_single=_no_single(speeds, best, checks, fits, prompts),
     )

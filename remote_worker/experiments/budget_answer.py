@@ -129,6 +129,7 @@ def predict_budget(
     target: TargetModel | None = None,
     context: int = 0,
     free: int | None = None,
+    prompts: int | None = None,
 ) -> Prediction | None:
     """tokens/s predicted at every budget and checked (`budget_choice`); None without DDTree decodes and costs,
     or where they cannot predict (a warning says why: the decode's own figures are not to be lost to it).
@@ -154,6 +155,7 @@ def predict_budget(
             drafting_slower=bool(drafting) and all(s < 1 for s in drafting),
             tree_memory_mb=memory,
             free_mb=free / MB if free is not None else None,
+            prompts=prompts,
         )
     except ValueError as exc:
         LOG.warning("no predicted budget: %s", exc)

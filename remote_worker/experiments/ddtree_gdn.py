@@ -193,8 +193,9 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     compile_figures = _compile_figures(compiled, summary)
     curve = budget_curve_record(methods, curves, summary)
     prediction = predict_budget(
-        methods, curves, costs, summary, compiled=compiled is not None, target=target, context=longest, free=free
-    )
+        methods, curves, costs, summary, compiled=compiled is not None, target=target, context=longest, free=free,
+        prompts=len(prompts),
+    )  # fmt: skip
     # A run page lists metrics in the order they were first logged (see HEADLINE_FIRST): the answer first.
     headline, verdict = headline_metrics(summary)
     best = {key: value for key, value in headline.items() if key.startswith("best.")}
