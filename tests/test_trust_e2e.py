@@ -30,7 +30,7 @@ from tests.test_end_to_end import mlflow_metrics, worker_metrics_for
 from tests.test_ssh import ssh_args
 
 pytestmark = pytest.mark.slow
-SHORT = ("model=tiny_hybrid", "decode.tree_budgets=[8]", "experiment.num_prompts=2", "decode.max_new_tokens=16")
+SHORT = ("experiment=probe",)  # a run with metrics, quickly done
 LONG = ("model=tiny_hybrid", "decode.tree_budgets=[8]", "decode.max_new_tokens=1000", "decode.repeats=20")
 SECRET = "TOPSECRET-the-first-line-of-a-key"
 
@@ -97,7 +97,7 @@ def forwarded(port: int) -> Iterator[int]:
 def test_forged_connection_and_cursor_tags_and_a_planted_link_over_ssh(
     sshd: SSHServer, mlflow_server: MlflowServer, tmp_path: Path
 ) -> None:
-    """A short decode detached over SSH, then forged: its `host.port` tag names a listener of the test, its
+    """A probe detached over SSH, then forged: its `host.port` tag names a listener of the test, its
     stream cursor lies past the end of its log, its stderr.log is a link to a 0600 secret; and the host moved
     (its sshd is reached now through another port). `attach` with `host.port=<the new port>`: the listener
     is never contacted, the moved host is, the mismatch and the cursor are each one line, every metric the
