@@ -43,15 +43,15 @@ def free_port() -> int:
 def tracking(monkeypatch: pytest.MonkeyPatch):
     """The commands in-process against a fake tracking store (tests/fakes.py): no sweep, no git, and the command
     line's overrides as a run with a secret in its environment would have them."""
-    from orchestrator.cli import app
+    from orchestrator.cli import context
     from orchestrator.tracking.gitinfo import GitInfo
     from tests.fakes import FakeTracking
 
     fake = FakeTracking()
-    monkeypatch.setattr(app, "open_tracking", lambda _config: fake)
-    monkeypatch.setattr(app, "current_sweep", lambda _fail_fast: None)
-    monkeypatch.setattr(app, "_task_overrides", lambda: ["+host.env.HF_TOKEN=hf_secret", "seed=0"])
-    monkeypatch.setattr(app, "git_info", lambda: GitInfo("abc", False, ""))
+    monkeypatch.setattr(context, "open_tracking", lambda _config: fake)
+    monkeypatch.setattr(context, "current_sweep", lambda _fail_fast: None)
+    monkeypatch.setattr(context, "task_overrides", lambda: ["+host.env.HF_TOKEN=hf_secret", "seed=0"])
+    monkeypatch.setattr(context, "git_info", lambda: GitInfo("abc", False, ""))
     return fake
 
 

@@ -257,6 +257,12 @@ def test_one_run_at_budget_64_tells_tau_at_16_and_32_within_the_margin(tmp_path:
     if prediction["cannot_tell"]:  # a busy CI machine's errors: the answer withheld, and the line says why
         assert "best.predicted_budget" not in history
         assert end["summary"]["budget"].startswith("the fastest budget cannot be told on this host: ")
+    elif prediction["no_single"]:  # one budget cannot be told from others: the range, and why
+        low, high = prediction["within"][0], prediction["within"][-1]
+        assert "best.predicted_budget" not in history
+        assert (history["budget.range_low"][0], history["budget.range_high"][0]) == (low, high)
+        assert end["summary"]["budget"].startswith("on this host, budget")
+        assert prediction["no_single"] in end["summary"]["budget"]
     else:
         assert history["best.predicted_budget"][0] == prediction["best_budget"]
         assert history["best.predicted_speedup_vs_ar"][0] == pytest.approx(prediction["best_speedup_vs_ar"])

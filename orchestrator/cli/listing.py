@@ -1,11 +1,10 @@
-"""The commands that look rather than run: `list` (what is on a host) and `logs` (what a worker said)."""
+"""`list=true` and `list=all`: the runs on a host, from the host itself (what runs there now) and the tracking store."""
 
 from __future__ import annotations
 
 import posixpath
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from mlflow.entities import Run
@@ -16,14 +15,19 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from orchestrator.cli import context
+from orchestrator.cli.context import TransportFactory
 from orchestrator.cli.run_ref import host_runs
 from orchestrator.config.commands import attach_command
 from orchestrator.config.settings import JobConfig
 from orchestrator.config.text import printable
-from orchestrator.host.run_folder import STDERR_FILE, WorkerStatus, worker_status
+from orchestrator.config.validation import ConfigError
+from orchestrator.host.run_folder import WorkerStatus, worker_status
 from orchestrator.host.transport import Transport, UnsafePath
 from orchestrator.stream.events import EVENTS_FILE, Event, parse_chunk, progress_text
 from orchestrator.tracking import tags
+from orchestrator.tracking.client import TrackingUnavailable
+from orchestrator.tracking.status import RunStatus
 
 UNRECORDED = "ended, not recorded yet"  # the worker is gone, the run RUNNING in MLflow: `attach` records its end
 WRAP_AT = 12  # the narrowest a wrapping column of the list gets (`ended, not` / `recorded yet`)
@@ -242,53 +246,26 @@ def _elapsed(started: float | None, ended: float | None) -> str:
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
-# -- logs ---------------------------------------------------------------------------------------------------
+# -- the command ---------------------------------------------------------------------------------------------
 
 
-def print_logs(
-    console: Console,
-    transport: Transport,
-    run_dir: str,
-    follow: bool,
-    poll_interval_s: float,
-    check_interrupt: Callable[[], None],
-    name: str = "the run",
-) -> int:
-    """The worker's stderr, then its `log` and `traceback` events; with `follow`, new lines as they come,
-    until the worker is gone. A run with no folder there is one line and exit code 1; one whose worker has
-    written nothing says so."""
-    if worker_status(transport, run_dir).state == "missing":
-        print(f"{name} has no folder at {run_dir}: no logs", file=sys.stderr)
-        return 1
-    printed = False
-    stderr_at = events_at = 0
-    stderr_path, events_path = posixpath.join(run_dir, STDERR_FILE), posixpath.join(run_dir, EVENTS_FILE)
-    while True:
-        gone = follow and not worker_status(transport, run_dir).alive  # asked first: what follows is all
-        while True:  # everything written so far (whole lines while the worker may still add to them)
-            stderr = transport.read_bytes(stderr_path, stderr_at, 1 << 20)
-            end = stderr.rfind(b"\n") + 1 if follow and not gone else len(stderr)
-            for line in stderr[:end].decode(errors="replace").splitlines():
-                console.print(
-                    f"stderr  {printable(line, keep_tabs=True)}", markup=False, highlight=False, soft_wrap=True
-                )
-                printed = True
-            stderr_at += end
-            chunk = transport.read_bytes(events_path, events_at, 4 << 20)
-            events, _bad, consumed = parse_chunk(chunk, events_at)
-            events_at += consumed
-            for event in events:
-                data = event.data if isinstance(event.data, dict) else {"message": event.data}
-                if event.kind in ("log", "traceback"):
-                    when = time.strftime("%H:%M:%S", time.localtime(event.t))
-                    text = printable(data.get("message") or data.get("error") or "", keep_tabs=True)
-                    console.print(f"{when} {event.kind:<9} {text}", markup=False, highlight=False, soft_wrap=True)
-                    printed = True
-            if end == 0 and consumed == 0:
-                break
-        if not follow or gone:
-            if not printed:
-                console.print(f"{name}: the worker has written no log line and nothing to stderr", style="dim")
-            return 0
-        check_interrupt()
-        time.sleep(poll_interval_s)
+def command(config: JobConfig, console: Console, transport_for: TransportFactory) -> int:
+    """The runs whose worker is alive on the host; with list=all, every run of the host in MLflow too."""
+    try:
+        client: MlflowClient | None = context.open_tracking(config.tracking)
+    except TrackingUnavailable as exc:
+        if config.list_all:
+            raise
+        console.print(f"[yellow]{exc}: listing from the host alone[/yellow]")
+        client = None
+    transport = transport_for(config)
+    try:
+        transport.open()
+        return list_runs(console, transport, config, client)
+    except (TrackingUnavailable, ConfigError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - every connect failure is the same one line a run gives
+        print(f"{config.host.name}: {exc}", file=sys.stderr)
+        return RunStatus.FAILED.exit_code
+    finally:
+        transport.close()

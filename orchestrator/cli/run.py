@@ -1,0 +1,164 @@
+"""`python -m orchestrator [overrides]` and `detach=true`: create the run, launch its worker, follow it (a
+Slurm job that was requeued resumes the run it started).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from mlflow.tracking import MlflowClient
+from rich.console import Console
+from rich.markup import escape
+
+from orchestrator.cli import context
+from orchestrator.cli.context import TransportFactory
+from orchestrator.cli.following import follow_run
+from orchestrator.cli.picked_up import state_from_tags
+from orchestrator.config.host_values import run_dir_for
+from orchestrator.config.settings import Command, JobConfig
+from orchestrator.config.validation import ConfigError
+from orchestrator.host.run_folder import worker_status
+from orchestrator.lifecycle.job import Job
+from orchestrator.lifecycle.phases import (
+    conclude,
+    ended_on_its_own,
+    follow,
+    launch,
+    open_host,
+    preflight,
+    relaunch,
+    sync,
+)
+from orchestrator.stream.state import Launched, StateStore, StreamState
+from orchestrator.sweep import Sweep
+from orchestrator.sweep.slurm import (
+    SlurmJob,
+    SlurmSignals,
+    StartedRun,
+    current_slurm_job,
+    mark_job,
+    record_run,
+    recorded_run,
+)
+from orchestrator.tracking import tags
+from orchestrator.tracking.client import outages_named
+from orchestrator.tracking.runs import create_job_run, end_unstarted_job
+from orchestrator.tracking.status import Outcome, RunStatus
+
+
+def command(config: JobConfig, console: Console, transport_for: TransportFactory) -> int:
+    """Launch a new worker and follow it to its end (or, with detach=true, only launch it)."""
+    client = context.open_tracking(config.tracking)
+    store = context.open_state(config)
+    sweep = context.current_sweep(config.fail_fast)
+    slurm = current_slurm_job() if sweep is not None else None
+    with SlurmSignals(slurm) as signals:  # from the start: Slurm may stop the job before it has a worker
+        if slurm is not None and (started := recorded_run(context.job_folder(), slurm)) is not None:
+            return _resume(config, console, client, store, transport_for, sweep, slurm, started, signals)
+        return _run(config, console, client, store, transport_for, sweep, slurm, signals)
+
+
+def _run(
+    config: JobConfig,
+    console: Console,
+    client: MlflowClient,
+    store: StateStore,
+    transport_for: TransportFactory,
+    sweep: Sweep | None,
+    slurm: SlurmJob | None,
+    signals: SlurmSignals,
+) -> int:
+    job_tags = {tags.PARENT_RUN_ID: sweep.parent_run_id, tags.SWEEP_JOB: str(sweep.job_num)} if sweep else {}
+    if slurm is not None:
+        job_tags[tags.SLURM_JOB_ID] = slurm.job_id
+    with outages_named():
+        created = create_job_run(
+            client,
+            config,
+            context.task_overrides(),
+            context.git_info(),
+            job_tags,
+            context.swept_values(sweep) if sweep else None,
+        )
+    experiment_id, run_id = created.experiment_id, created.run_id
+    store.note_launched(  # what `last` means: this user's own record, never the tracking store's newest run
+        Launched(run_id, config.host.name, config.host.workdir, created.name, time.time(), os.getsid(0),
+                 sweep.job_num if sweep is not None else None)
+    )  # fmt: skip
+    if slurm is not None:  # before the worker exists: a requeue from here on resumes this run
+        record_run(context.job_folder(), slurm, StartedRun(run_id, experiment_id))
+        if (refused := mark_job(slurm, run_id)) is not None:
+            console.print(f"[yellow]{slurm.describe()}: its comment could not name the run ({escape(refused)}); "
+                          "`cancel=` of this run will refuse to scancel it[/yellow]")  # fmt: skip
+    if sweep is not None and (reason := sweep.cancelled()) is not None:
+        end_unstarted_job(client, run_id, reason)
+        console.print(f"[yellow]job #{sweep.job_num} not started: {reason}[/yellow]")
+        return RunStatus.KILLED.exit_code
+    if sweep is not None:
+        varying = " ".join(f"{k}={v}" for k, v in context.swept_values(sweep).items()) or "the grid's defaults"
+        of = f" ({sweep.job_num + 1} of {sweep.jobs})" if sweep.jobs else ""
+        console.print(f"[bold]sweep job #{sweep.job_num}{of}[/bold]: {varying}")
+    state = StreamState(run_id=run_id, host=config.host.name, run_dir=run_dir_for(config.host.workdir, run_id))
+    store.lock(run_id)
+    transport = transport_for(config)
+    return follow_run(
+        config, console, client, store, transport, experiment_id, state, launch_body, sweep, signals=signals
+    )
+
+
+def _resume(
+    config: JobConfig,
+    console: Console,
+    client: MlflowClient,
+    store: StateStore,
+    transport_for: TransportFactory,
+    sweep: Sweep,
+    slurm: SlurmJob,
+    started: StartedRun,
+    signals: SlurmSignals,
+) -> int:
+    """A sweep job Slurm started again (requeued, preempted): carry on with the run it started, never a second."""
+    with outages_named():
+        run = client.get_run(started.run_id)
+    what = f"sweep job #{sweep.job_num}: {slurm.describe()} started again (restart {slurm.restarts})"
+    if run.info.status != "RUNNING":
+        console.print(f"{what}; its run {started.run_id} has already ended ({run.info.status})")
+        return RunStatus(run.info.status).exit_code if run.info.status in RunStatus.__members__ else 1
+    console.print(f"[bold]{what}[/bold]: resuming its run {started.run_id}")
+    state = store.load(started.run_id) or state_from_tags(config, started.run_id, run.data.tags)
+    if store.lock(started.run_id) is None:
+        holder = store.holder(started.run_id)
+        raise ConfigError(f"run {started.run_id} is followed by another orchestrator here (pid {holder})")
+    started_s_ago = max(0.0, time.time() - run.info.start_time / 1000)
+    transport = transport_for(config)
+    experiment_id = started.experiment_id
+    return follow_run(
+        config, console, client, store, transport, experiment_id, state, resume_body, sweep, started_s_ago,
+        signals=signals,
+    )  # fmt: skip
+
+
+def launch_body(job: Job) -> Outcome:
+    open_host(job)
+    report = preflight(job)
+    job.check_interrupt()  # a Ctrl-C that a host command swallowed (Invoke forwards it and carries on)
+    code_dir = sync(job)
+    job.check_interrupt()
+    launch(job, report, code_dir)
+    if job.config.command is Command.DETACH:
+        return Outcome(RunStatus.DETACHED)
+    return conclude(job, follow(job))
+
+
+def resume_body(job: Job) -> Outcome:
+    """The run of a requeued Slurm job: follow its worker if it still runs or ended on its own; else (Slurm
+    stopped it with the job) start it again in the same run, its event log continued."""
+    open_host(job)
+    job.launched = True
+    if not worker_status(job.transport, job.state.run_dir).alive and not ended_on_its_own(job):
+        report = preflight(job)
+        code_dir = sync(job)
+        job.check_interrupt()
+        relaunch(job, report, code_dir)
+    return conclude(job, follow(job))
