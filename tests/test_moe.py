@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from remote_worker.models.moe import GATHERED, SparseMoE, is_sparse_moe, module_reference
+from remote_worker.models.mlp import module_reference
+from remote_worker.models.moe import GATHERED, SparseMoE, is_sparse_moe
 from tests.rounding import rounding_bound
 from tests.tiny_models import tiny
 

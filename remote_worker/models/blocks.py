@@ -23,8 +23,8 @@ from torch import nn
 from remote_worker.cache.gdn_math import TreeDeltaResult
 from remote_worker.cache.hybrid_cache import GDNPending, HybridCache
 from remote_worker.cache.tree_context import TreeContext
-from remote_worker.models.fusion import GatedMLP
 from remote_worker.models.mixers import AttentionMixer, GDNMixer
+from remote_worker.models.mlp import GatedMLP
 from remote_worker.models.norms import FastRMSNorm
 
 

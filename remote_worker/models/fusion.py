@@ -1,4 +1,4 @@
-"""Linears that read the same input, run as one matmul.
+"""Linears that read the same input, run as one matmul (the MLP block that uses them: `mlp.py`).
 
 A GDN layer projects its input four times (q|k|v, z, b, a), attention three times (q, k, v), an MLP twice
 (gate, up). On a GPU each projection is a kernel launch, and the small ones (b and a give one value per
@@ -40,50 +40,3 @@ class FusedLinear:
         if len(self.linears) == 1:
             return (F.linear(x, self.weight, self.bias),)
         return torch.split(F.linear(x, self.weight), self.sizes, dim=-1)
-
-
-class GatedMLP:
-    """down(act(gate(x)) · up(x)), with gate and up fused; a sparse mixture of experts runs in fixed shapes
-    (`moe.SparseMoE`), any other block its own forward (with its routing in float64 for a float64 model:
-    `float64_routing`, also the naive reference the fixed-shape block is tested against)."""
-
-    def __init__(self, mlp: nn.Module) -> None:
-        self.mlp = mlp
-        plain = all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj", "act_fn"))
-        self.gate_up = FusedLinear(mlp.gate_proj, mlp.up_proj) if plain else None
-        self.down = FusedLinear(mlp.down_proj) if plain else None
-        router = getattr(mlp, "gate", None)
-        self.routed = not plain and all(hasattr(router, a) for a in ("weight", "top_k")) and hasattr(mlp, "experts")
-        self.moe = None
-        if not plain:
-            from remote_worker.models.moe import SparseMoE, is_sparse_moe
-
-            self.moe = SparseMoE(mlp) if is_sparse_moe(mlp) else None
-
-    def float64_routing(self, x: torch.Tensor) -> torch.Tensor:
-        """The sparse block (Qwen3-Next, Qwen3.5/3.6-MoE) with the router's softmax in float64: the module's
-        router computes it in float32 whatever the model's dtype, a rounding that a float64 model, the
-        worker's reference, must not have (see `norms`). The experts and the shared expert are the module's."""
-        mlp, router = self.mlp, self.mlp.gate
-        probabilities = F.softmax(F.linear(x, router.weight), dim=-1)
-        weights, experts = probabilities.topk(router.top_k, dim=-1)  # [n, k]
-        if getattr(router, "norm_topk_prob", True):  # (Qwen3.5/3.6-MoE's router always renormalises)
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        out = mlp.experts(x, experts, weights)
-        if hasattr(mlp, "shared_expert"):
-            shared = mlp.shared_expert(x)
-            gate = getattr(mlp, "shared_expert_gate", None)
-            out = out + (shared if gate is None else torch.sigmoid(gate(x)) * shared)
-        return out
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [n, hidden] → [n, hidden]."""
-        if self.moe is not None:
-            return self.moe(x)
-        if self.gate_up is None:
-            if self.routed and x.dtype == torch.float64:
-                return self.float64_routing(x)
-            return self.mlp(x[None])[0]
-        assert self.down is not None
-        gate, up = self.gate_up(x)
-        return self.down(self.mlp.act_fn(gate) * up)[0]

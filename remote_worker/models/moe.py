@@ -119,14 +119,3 @@ class SparseMoE:
                 shared = torch.sigmoid(self.shared_gate(x)[0]) * shared
             out = out + shared
         return out
-
-
-def module_reference(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """Transformers' own block on x [n, hidden] (its loop over the experts hit), the router's softmax in
-    float64 for a float64 x (see `fusion.GatedMLP.float64_routing`)."""
-    from remote_worker.models.fusion import GatedMLP
-
-    mlp_ = GatedMLP(mlp)
-    if x.dtype == torch.float64 and mlp_.routed:
-        return mlp_.float64_routing(x)
-    return mlp(x[None])[0]

@@ -18,8 +18,8 @@ from remote_worker.cache.hybrid_cache import CacheLayout, HybridCache
 from remote_worker.cache.tree import Tree
 from remote_worker.cache.tree_context import TreeContext
 from remote_worker.models.blocks import decoder_block
-from remote_worker.models.fusion import GatedMLP
 from remote_worker.models.mixers import AttentionMixer, GDNMixer, RotaryTables
+from remote_worker.models.mlp import GatedMLP
 from remote_worker.models.norms import FastRMSNorm
 
 
