@@ -14,6 +14,17 @@ from remote_worker.safe_files import Folder
 from remote_worker.spec import SpecError, load_spec
 
 TRACEBACK_FILE = "traceback.txt"
+# transformers' advice when a GDN layer's CUDA kernels are not installed: a host without CUDA has no use for it
+GPU_KERNEL_ADVICE = "is falling back to its reference PyTorch implementation"
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except ImportError:
+        return False
 
 
 def run(spec_path: Path) -> int:
@@ -84,6 +95,8 @@ class LogEvents(logging.Handler):
             return  # (a transformers record that also propagates to the root reaches this handler twice)
         self._last = record
         message = record.getMessage()
+        if GPU_KERNEL_ADVICE in message and not _cuda():
+            return  # advice to install a CUDA kernel (causal-conv1d, flash-linear-attention): nothing to do on a CPU
         self.seen[message] = self.seen.get(message, 0) + 1
         if self.seen[message] > self.REPEATS_SHOWN:
             return

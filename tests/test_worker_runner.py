@@ -121,3 +121,25 @@ def test_a_tree_budget_the_model_cannot_hold_fails_before_any_decode_in_one_line
     assert log[-1].data["status"] == "FAILED" and "decode.tree_budgets" in error and "\n" not in error, error
     assert error.startswith("ValueError: ") and ("context of" in error or "needs at least" in error), error
     assert not any(e.kind == "progress" and e.data.get("task") == "decode" for e in log)
+
+
+def test_advice_to_install_cuda_kernels_is_not_passed_on_from_a_host_without_cuda(tmp_path: Path) -> None:
+    """transformers warns, once per kernel, that a GDN layer falls back to PyTorch because causal-conv1d or
+    flash-linear-attention is missing: advice for a CUDA host, noise on a CPU (it was 11 lines of a probe's
+    80-column screen). Other warnings still come through."""
+    import logging
+
+    from remote_worker.events import EventLog
+    from remote_worker.runner import GPU_KERNEL_ADVICE, LogEvents
+
+    log = EventLog(tmp_path)
+    handler = LogEvents(log)
+    advice = f"`chunk_gated_delta_rule` {GPU_KERNEL_ADVICE} because `flash-linear-attention` is not installed."
+    for message in (advice, "a deprecated argument"):
+        handler.emit(logging.LogRecord("transformers", logging.WARNING, __file__, 1, message, None, None))
+    log.close()
+    said = [e.data["message"] for e in events(tmp_path) if e.kind == "log"]
+    import torch
+
+    expected = ["warning: a deprecated argument"]
+    assert said == (expected if not torch.cuda.is_available() else [f"warning: {advice}", *expected])

@@ -163,7 +163,7 @@ def _listed(run_id: str, run: Run | None, worker_state: str | None, report: LogR
     if run is None:
         return Listed(run_id, "?", None, None, worker_state or "?", report.progress, report.tau, last)
     data, info = run.data, run.info
-    tau = _tau(data.metrics.get("best.tau"), data.tags.get(tags.BEST_METHOD))
+    tau = _best_tau(data.metrics, data.tags.get(tags.BEST_METHOD))
     job = data.tags.get(tags.SWEEP_JOB)
     kind = KINDS.get(data.params.get("experiment.name", ""), data.params.get("experiment.name", "?"))
     what = f"sweep #{job}" if job is not None else kind
@@ -180,8 +180,21 @@ def _listed(run_id: str, run: Run | None, worker_state: str | None, report: LogR
     )
 
 
+def _best_tau(metrics: dict[str, object], crowned: object) -> str:
+    """`4.86 ddtree_tb64`: the crowned method's tau (`best.tau`), else the highest tau of the job's drafting
+    methods (`<method>.tau` on the job's run), named: a run whose best was not crowned still has its taus."""
+    if crowned and "best.tau" in metrics:
+        return _tau(metrics["best.tau"], crowned)
+    taus = {key[: -len(".tau")]: value for key, value in metrics.items() if key.endswith(".tau")}
+    drafting = {method: value for method, value in taus.items() if method not in ("ar", "best") and "." not in method}
+    if not drafting:
+        return ""
+    method = max(drafting, key=lambda name: (drafting[name], name))
+    return _tau(drafting[method], method)
+
+
 def _tau(value: object, method: object) -> str:
-    """`4.86 ddtree_tb64`: the best drafting method's tau, named (each method has its own)."""
+    """`4.86 ddtree_tb64`: a method's tau, named (each method has its own)."""
     if not isinstance(value, (int, float)):
         return ""
     return f"{value:.2f} {method}" if method else f"{value:.2f}"
@@ -197,7 +210,11 @@ def read_log_report(transport: Transport, run_dir: str) -> LogReport:
     except UnsafePath:
         return LogReport()
     events, _cut_first_line, _ = parse_chunk(chunk, start)
-    tau = _tau(_last(events, "metrics", "best.tau"), _last(events, "tags", tags.BEST_METHOD))
+    figures = {}
+    for event in events:  # the job's own figures, the last value of each
+        if event.kind == "metrics" and event.scope is None and isinstance(event.data, dict):
+            figures.update(event.data)
+    tau = _best_tau(figures, _last(events, "tags", tags.BEST_METHOD))
     end = next((event for event in reversed(events) if event.kind == "end"), None)
     last = max((event.t for event in events if not event.host_sample), default=None)
     return LogReport(_progress(events), tau, end.t if end is not None else None, last)

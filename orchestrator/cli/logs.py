@@ -19,9 +19,11 @@ from orchestrator.config.settings import JobConfig
 from orchestrator.config.text import printable
 from orchestrator.host.proof import prove_folder
 from orchestrator.host.run_folder import STDERR_FILE, worker_status
-from orchestrator.host.transport import Transport
+from orchestrator.host.transport import Transport, UnsafePath
 from orchestrator.lifecycle.interrupt import CtrlC
+from orchestrator.lifecycle.job import CANCEL_REQUEST_FILE
 from orchestrator.stream.events import EVENTS_FILE, parse_chunk
+from orchestrator.tracking import tags
 from orchestrator.tracking.client import TrackingUnavailable
 from orchestrator.tracking.location import located
 from orchestrator.tracking.status import RunStatus
@@ -42,8 +44,12 @@ def command(config: JobConfig, console: Console, transport_for: TransportFactory
         console.print(f"[yellow]{exc}: looking for the run in {config.host.workdir}[/yellow]")
     else:
         run_id = find_run(client, config, context.open_state(config), console)
-        for note in located(config, run_id, the_run(client, run_id).data.tags).notes:
+        run = the_run(client, run_id)
+        for note in located(config, run_id, run.data.tags).notes:
             console.print(f"[yellow]{escape(note)}[/yellow]")
+        model = printable(run.data.tags.get(tags.MODEL, "?"))[:60]
+        header = f"logs of run {run_id[:8]} '{printable(run.info.run_name or '')[:60]}' on {config.host.name} · {model}"
+        console.print(f"{header} · {run.info.status}", markup=False, highlight=False)
     transport = transport_for(config)
     try:
         transport.open()
@@ -67,6 +73,16 @@ def command(config: JobConfig, console: Console, transport_for: TransportFactory
 
 
 # -- the log, as it comes -----------------------------------------------------------------------------------
+
+
+def _how_it_ended(transport: Transport, run_dir: str) -> str:
+    """`the worker has ended: worker exited with code 0`, and `(cancelled by the user)` where `cancel=` marked it."""
+    status = worker_status(transport, run_dir)
+    try:
+        marked = transport.read_bytes(posixpath.join(run_dir, CANCEL_REQUEST_FILE), 0, 200).decode(errors="replace")
+    except UnsafePath:
+        marked = ""
+    return f"the worker has ended: {status.describe()}" + (f" ({printable(marked.strip())})" if marked.strip() else "")
 
 
 def print_logs(
@@ -113,6 +129,8 @@ def print_logs(
         if not follow or gone:
             if not printed:
                 console.print(f"{name}: the worker has written no log line and nothing to stderr", style="dim")
+            if gone:  # following ends because the worker did: say how
+                console.print(f"{name}: {_how_it_ended(transport, run_dir)}", markup=False, highlight=False)
             return 0
         check_interrupt()
         time.sleep(poll_interval_s)

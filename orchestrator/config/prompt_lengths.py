@@ -19,6 +19,7 @@ from typing import Any
 from orchestrator.config.checkpoints import local_checkpoint
 from orchestrator.config.prompts import resolve_prompts
 from remote_worker.prompt_set import DEFAULT_PROMPTS, Prompt, load_prompt_file
+from remote_worker.wording import counted
 
 MIN_PROMPT_TOKENS = 2  # the loop's prefill commits all but the last token, which is the first round's root
 
@@ -71,7 +72,7 @@ def prompt_lengths(container: dict[str, Any], vocab: int | None) -> list[PromptL
         where = f"{source}:{prompt.line}" if prompt.line else source
         if tokens < MIN_PROMPT_TOKENS:
             raise PromptTooShort(
-                f"experiment.prompts: {where}: prompt {prompt.id!r} is {tokens} token{'s' * (tokens != 1)} long "
+                f"experiment.prompts: {where}: prompt {prompt.id!r} is {counted(tokens, 'token')} long "
                 f"with model {model.get('name')}'s tokenizer; a decode needs at least {MIN_PROMPT_TOKENS} "
                 "(give it more text or leave it out)"
             )

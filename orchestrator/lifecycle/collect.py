@@ -22,6 +22,7 @@ from orchestrator.tracking.plots import SUMMARY_FILE, plot_decode_summary
 from orchestrator.tracking.runs import end_run
 from orchestrator.tracking.status import Outcome, RunStatus
 from remote_worker.prompt_set import RUN_PROMPTS_FILE
+from remote_worker.wording import counted
 
 
 def collect(job: Job, outcome: Outcome) -> None:
@@ -132,23 +133,42 @@ def finish(job: Job, outcome: Outcome) -> None:
     job.mirror.remove()  # MLflow holds it now (events.jsonl); only the stream state stays
 
 
+def _decodes_done(job: Job) -> tuple[int, int] | None:
+    """How many of the run's decodes (prompt × method × pass) ran before the end: its last `decode` progress."""
+    events, _ = job.mirror.events_after(0)
+    for event in reversed(events):
+        data = event.data if isinstance(event.data, dict) else {}
+        if event.kind == "progress" and data.get("task") == "decode":
+            done, total = data.get("completed"), data.get("total")
+            if isinstance(done, int) and isinstance(total, int) and total > 0:
+                return done, total
+    return None
+
+
 def _describe_unfinished(job: Job, outcome: Outcome) -> None:
-    """A run that did not finish says so on its page, and which of its methods decoded before the end; a
-    method run the end came before says it was not reached (rather than an empty page, KILLED like the rest).
-    An extra: what MLflow cannot take now is left out."""
+    """A run that did not finish says so on its page, how many of its decodes ran before the end, and which
+    methods reported figures (a method's figures come once every prompt is decoded); a method run whose figures
+    never came says so (rather than an empty page, KILLED like the rest). An extra: what MLflow cannot take now
+    is left out."""
     status, why = outcome.status.value, redact_text(outcome.error or "")
     try:
         with outages_named():
             reached, missed = [], []
             for scope, run_id in job.state.children.items():
                 (reached if job.client.get_run(run_id).data.metrics else missed).append(scope)
+            done = _decodes_done(job)
+            ran = f" after {done[0]} of {counted(done[1], 'decode')}" if done else ""
             for scope in missed:
-                note = f"**Not reached**: the run ended {status} before {scope} decoded anything ({why})."
+                note = (f"**Not finished**: the run ended {status}{ran}, before {scope}'s figures were reported "
+                        f"(they come once every prompt is decoded) ({why}).")  # fmt: skip
                 job.client.set_tag(job.state.children[scope], tags.NOTE, note)
             page = f"**{status}**: {why}" if why else f"**{status}**"
+            told = [f"{done[0]} of {counted(done[1], 'decode')} ran before the end."] if done else []
             if job.state.children:
-                page += "\n\nDecoded before the end: " + (", ".join(reached) or "none")
-                page += ("; not reached: " + ", ".join(missed)) * bool(missed) + "."
+                told.append("Figures reported: " + (", ".join(reached) or "none")
+                            + ("; not reported: " + ", ".join(missed)) * bool(missed) + ".")  # fmt: skip
+            if told:
+                page += "\n\n" + " ".join(told)
             if tags.NOTE not in job.client.get_run(job.state.run_id).data.tags:
                 job.client.set_tag(job.state.run_id, tags.NOTE, page)
     except Exception as exc:  # noqa: BLE001 - the end itself matters more than its description
@@ -174,7 +194,7 @@ def apply_all(job: Job) -> None:
             job.tracking_down = True
             raise TrackingUnavailable(
                 f"still no answer after tracking.outage_wait_s={job.config.tracking.outage_wait_s:g}s"
-                f" with {job.applier.waiting} events waiting"
+                f" with {counted(job.applier.waiting, 'event')} waiting"
             )
         if not said:
             job.live.note(

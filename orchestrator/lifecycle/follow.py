@@ -25,6 +25,7 @@ from orchestrator.stream.mirror import EventMirror
 from orchestrator.stream.sink import MlflowSink
 from orchestrator.tracking.client import TrackingUnavailable, outages_named, short_reason
 from orchestrator.tracking.status import Stage
+from remote_worker.wording import counted
 
 
 class Reconnect:
@@ -100,7 +101,7 @@ class Applier:
                 self.down_since = time.time()
                 self.note(
                     f"[yellow]MLflow unreachable since {time.strftime('%H:%M:%S', time.localtime(self.down_since))}"
-                    f" ({exc}); {self.waiting} events waiting. The worker goes on; nothing is lost.[/yellow]"
+                    f" ({exc}); {counted(self.waiting, 'event')} waiting. The worker goes on; nothing is lost.[/yellow]"
                 )
             self._next_try = time.monotonic() + self._delay
             self._delay = min(self._delay * 2, self.RETRY_MAX_S)

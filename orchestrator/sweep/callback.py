@@ -21,6 +21,7 @@ from orchestrator.sweep.job_errors import runless_jobs
 from orchestrator.sweep.membership import CANCELLED_FILE, Sweep, read_sweep_record, write_sweep_record
 from orchestrator.tracking import tags
 from orchestrator.tracking.status import RunStatus
+from remote_worker.wording import counted
 
 # The exit code of the last multirun in this process, for `python -m orchestrator -m ...` to return.
 last_exit_code: int | None = None
@@ -59,7 +60,7 @@ class SweepCallback(Callback):
             "swept": swept,
         }
         write_sweep_record(folder, record)
-        count = f"{jobs} jobs" if jobs else "jobs"
+        count = counted(jobs, "job") if jobs else "jobs"
         Console().print(f"[bold]sweep[/bold] {run.info.run_id} · {count}, each a child run · {folder}")
         Console().print(
             f"sweep run: {run_url(client, experiment_id, run.info.run_id)}",
@@ -105,7 +106,7 @@ class SweepCallback(Callback):
 def sweep_name(swept: list[str], jobs: int | None) -> str:
     """`sweep of block_size × temperature · 8 jobs · 12-04 13:05`: what it varies first, as a job's name."""
     what = " × ".join(key.rsplit(".", 1)[-1] for key in swept) or "the defaults"
-    count = f" · {jobs} jobs" if jobs else ""
+    count = f" · {counted(jobs, 'job')}" if jobs else ""
     return f"sweep of {what}{count} · {time.strftime('%m-%d %H:%M')}"
 
 

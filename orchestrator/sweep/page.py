@@ -15,6 +15,7 @@ from orchestrator.tracking.job_summary import SPEEDUP_CI, TAU_CI, VS_DFLASH, cel
 from orchestrator.tracking.markdown_table import markdown_table
 from remote_worker.decoding.bootstrap import MIN_PROMPTS
 from remote_worker.decoding.comparison import AR_BY_DEFINITION
+from remote_worker.wording import counted
 
 # The per-method figures each job contributes to the parent's metrics: `job3.ddtree_tb32.speedup_vs_ar`, and
 # where the method has them the 95 % intervals over prompts (`job3.ddtree_tb32.tau_ci_low`, …).
@@ -133,7 +134,7 @@ def description(rows: list[Row], status: str) -> str:
     finished = sum(1 for job in {r.job: r for r in rows}.values() if job.status == "FINISHED")
     jobs = len({r.job for r in rows})
     varies = f" · varies {', '.join(names[k] for k in keys)}" if keys else ""
-    lines = [f"**Sweep {status}: {finished} of {jobs} jobs finished**{varies}", ""]
+    lines = [f"**Sweep {status}: {finished} of {counted(jobs, 'job')} finished**{varies}", ""]
     best = fastest(rows)
     lines += [best.line(names) if best is not None else "No drafting method has a speedup to compare.", ""]
     figures = description_columns(rows)

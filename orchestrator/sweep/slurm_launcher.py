@@ -39,6 +39,7 @@ from orchestrator.sweep.job_errors import record_runless
 from orchestrator.sweep.membership import cancel_reason
 from orchestrator.sweep.slurm import job_fields
 from orchestrator.tracking.status import NOT_STARTED, RunStatus
+from remote_worker.wording import counted
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ class SweepSlurmLauncher(PluginSlurmLauncher):
         ids = {number: job.job_id for number, job in zip(numbers, jobs, strict=True)}
         write_whole(sweep_dir / JOBS_FILE, json.dumps(ids) + "\n")
         array = jobs[0].job_id.split("_")[0]
-        print(f"submitted {len(jobs)} jobs to Slurm as array {array} (squeue -j {array})", flush=True)
+        print(f"submitted {counted(len(jobs), 'job')} to Slurm as array {array} (squeue -j {array})", flush=True)
         return _wait(sweep_dir, list(zip(numbers, job_overrides, jobs, strict=True)))
 
     def __call__(self, *args: Any, **kwargs: Any) -> JobReturn:

@@ -16,6 +16,7 @@ from typing import Any
 
 from orchestrator.tracking.budget_table import budget_csv, budget_line, budget_markdown
 from orchestrator.tracking.markdown_table import markdown_table
+from remote_worker.wording import counted
 
 # The range beside the median tokens/s is printed at the median's own precision: rounding to one format keeps
 # order, so the median shown always lies inside it (rounded to whole numbers, 8.55–9.2 read "9–9" beside 8.6).
@@ -125,7 +126,7 @@ def _interval_note(methods: list[dict[str, Any]]) -> str:
     prompts = max((int(m.get("prompts", 0)) for m in methods), default=0)
     if not 0 < prompts < MIN_PROMPTS or any(_has(m, SPEEDUP_CI) for m in methods):
         return ""
-    return (f"No 95 % intervals: the figures rest on {prompts} prompt{'s' * (prompts != 1)}, too few for one "
+    return (f"No 95 % intervals: the figures rest on {counted(prompts, 'prompt')}, too few for one "
             f"(at least {MIN_PROMPTS}).")  # fmt: skip
 
 
@@ -143,7 +144,7 @@ def host_line(document: dict[str, Any]) -> str:
         parts.append(f"other processes took {load['other_processes_cpu_percentage_mean']:.0f} % of the CPU time")
     if load.get("gpu_utilization_percentage_mean") is not None:
         parts.append(f"GPU 0 {load['gpu_utilization_percentage_mean']:.0f} % busy")
-    text = f"Host while decoding: {', '.join(parts)} ({load['samples']} samples; System metrics tab)."
+    text = f"Host while decoding: {', '.join(parts)} ({counted(load['samples'], 'sample')}; System metrics tab)."
     if load.get("busy"):
         share = load.get("busy_share", 25)
         text = f"**Host busy**: other processes took over {share:.0f} % of the CPU time: the speeds read low. {text}"

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from remote_worker.decoding.bootstrap import MIN_PROMPTS
+from remote_worker.wording import counted
 
 
 class RoundCosts(Protocol):
@@ -200,7 +201,7 @@ def spans(budgets: list[int]) -> str:
 def _decoded(checks: list[Check]) -> str:
     """`AR and the 3 budgets decoded`: what the error was taken over."""
     count = sum(1 for c in checks if c.budget)
-    return f"AR and the {count} budget{'s' * (count != 1)} decoded"
+    return f"AR and the {counted(count, 'budget')} decoded"
 
 
 def _cannot_tell(
@@ -223,7 +224,7 @@ def _cannot_tell(
 def _no_single(speeds: dict[int, float], best: int, checks: list[Check], fits: int, prompts: int | None) -> str:
     """Why one budget cannot be named (the answer is then a range); empty when it can."""
     if prompts is not None and prompts < MIN_PROMPTS:
-        return f"{prompts} prompt{'s' * (prompts != 1)} are too few to name one budget (at least {MIN_PROMPTS})"
+        return f"{counted(prompts, 'prompt')} are too few to name one budget (at least {MIN_PROMPTS})"
     rivals = [c.budget for c in checks if c.budget not in (0, best) and c.budget <= fits]
     error = max(abs(c.error) for c in checks if c.budget)
     if rivals:

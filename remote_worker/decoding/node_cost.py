@@ -56,6 +56,7 @@ from remote_worker.decoding.loop import DecodeResult, Prefill, prefill, walk
 from remote_worker.decoding.tree_build import DraftTree, best_first_tree
 from remote_worker.decoding.tree_limits import distinct_nodes
 from remote_worker.models.target import TargetModel
+from remote_worker.wording import counted
 
 # How `StageCost.low_ms` and `high_ms` are taken from the timed calls, in the record.
 SPREAD = "min-max"
@@ -406,7 +407,7 @@ class NodeCostSampler:
         (small, first), (large, last) = min(seconds.items()), max(seconds.items())
         slope = (last - first) / (large - small) if large > small else 0.0
         total = sum((warmup + repeats) * max(first + slope * (n - small), 0.0) for n in self.sizes)
-        return total, f"one round took {first:.2g} s at {small} node{'s' * (small != 1)}, {last:.2g} s at {large}"
+        return total, f"one round took {first:.2g} s at {counted(small, 'node')}, {last:.2g} s at {large}"
 
     def measure(self, start: Prefill, repeats: int, warmup: int = WARMUP, progress: Progress | None = None) -> None:
         """`warmup` untimed and `repeats` timed rounds per tree size from the state of `start` (which stays as
@@ -445,7 +446,7 @@ class NodeCostSampler:
                     f"position{'s' * (positions != 1)} over a vocabulary of {vocab})"
                 )
                 if progress is not None:
-                    progress(total, total, f"sizes from {nodes} nodes not measured: {self.note}")
+                    progress(total, total, f"sizes from {counted(nodes, 'node')} not measured: {self.note}")
                 break
             path = rank0_chain(built)[: self.accepted + 1]
             self.depths[nodes] = len(path) - 1
@@ -456,11 +457,11 @@ class NodeCostSampler:
                     for stage, ms in timings.items():
                         self.samples[nodes][stage].append(ms)
                 if progress is not None and attempt + 1 < rounds and time.monotonic() - said >= PROGRESS_EVERY_S:
-                    progress(done, total, f"{nodes} nodes: round {attempt + 1}/{rounds}")
+                    progress(done, total, f"{counted(nodes, 'node')}: round {attempt + 1}/{rounds}")
                     said = time.monotonic()
             if progress is not None:
                 verify = statistics.median(self.samples[nodes]["verify"])
-                progress(done, total, f"{nodes} nodes: verify {verify:.3g} ms")
+                progress(done, total, f"{counted(nodes, 'node')}: verify {verify:.3g} ms")
                 said = time.monotonic()
 
     def costs(self) -> NodeCosts:

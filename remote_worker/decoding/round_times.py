@@ -24,6 +24,7 @@ from remote_worker.decoding.fixed_round import FixedRound
 from remote_worker.decoding.loop import Prefill, decode_from
 from remote_worker.decoding.node_cost import SPREAD, StageCost, interpolate
 from remote_worker.models.target import TargetModel
+from remote_worker.wording import counted
 
 Progress = Callable[[int, int, str], None]
 
@@ -107,7 +108,9 @@ class RoundTimeSampler:
                     self.samples[fixed.nodes].append(1000 * result.decode_seconds / result.rounds)
             if progress is not None:
                 median = statistics.median(self.samples[fixed.nodes])
-                progress(done + 1, len(self.rounds), f"{fixed.nodes} nodes: round {median:.3g} ms ({self.kind})")
+                progress(
+                    done + 1, len(self.rounds), f"{counted(fixed.nodes, 'node')}: round {median:.3g} ms ({self.kind})"
+                )
 
     def costs(self) -> RoundTimes:
         sizes = [r.nodes for r in self.rounds if self.samples[r.nodes]]

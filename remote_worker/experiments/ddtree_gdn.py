@@ -62,6 +62,7 @@ from remote_worker.prompt_set import DEFAULT_PROMPTS, Prompt, load_prompt_file
 from remote_worker.prompts import encode
 from remote_worker.safe_files import Folder
 from remote_worker.spec import Spec
+from remote_worker.wording import counted
 
 LOG = logging.getLogger(__name__)
 
@@ -149,7 +150,7 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     check_budgets(target, drafter.block_size, budgets, longest, free)
     methods = methods_for(budgets)
     passes = f" × {settings.repeats} repeats" if settings.repeats > 1 else ""
-    log.progress("setup", 2, 2, f"{len(prompts)} prompts × {len(methods)} methods{passes}")
+    log.progress("setup", 2, 2, f"{counted(len(prompts), 'prompt')} × {counted(len(methods), 'method')}{passes}")
     compiled = _compiled_rounds(spec, log, target, drafter, methods, encoded, settings)
     if compiled is None:
         _warm_up(target, drafter, encoded[0], methods)

@@ -18,6 +18,7 @@ from remote_worker.prompt_set import Prompt
 from remote_worker.prompts import decode_text
 from remote_worker.safe_files import Folder
 from remote_worker.spec import Spec
+from remote_worker.wording import counted
 
 SUMMARY_FILE = "decode_summary.json"
 GENERATIONS_FILE = "generations.jsonl"
@@ -149,7 +150,7 @@ def terminal_summary(summary: dict[str, dict[str, float]], verdict: Verdict | No
             text += f" · ×{m['speedup_vs_dflash']:.2f}{_ci(m, 'speedup_vs_dflash')} vs DFlash"
         prompts = int(m.get("prompts", 0))
         if scope != "ar" and "speedup_vs_ar_ci_low" not in m and 0 < prompts < MIN_PROMPTS:
-            text += f" · {prompts} prompt{'s' * (prompts != 1)}, too few for a 95 % interval"
+            text += f" · {counted(prompts, 'prompt')}, too few for a 95 % interval"
         text += f" · repetition {m['repetition_share']:.2f}"
         if "lossless" in m:
             text += f" · lossless {m['lossless']:.2f}"

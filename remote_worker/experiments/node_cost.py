@@ -33,6 +33,7 @@ from remote_worker.prompt_set import load_prompt_file
 from remote_worker.prompts import encode
 from remote_worker.safe_files import Folder
 from remote_worker.spec import Spec
+from remote_worker.wording import counted
 
 LOG = logging.getLogger(__name__)
 NODE_COSTS_FILE = "node_costs.json"
@@ -66,7 +67,12 @@ def run_node_cost(spec: Spec, log: EventLog) -> dict[str, str]:
             "node_cost.spread": SPREAD,
         },
     )
-    log.progress("setup", 2, 2, f"{context} tokens of context, {len(sizes)} tree sizes × {repeats} repeats")
+    log.progress(
+        "setup",
+        2,
+        2,
+        f"{counted(context, 'token')} of context, {counted(len(sizes), 'tree size')} × {counted(repeats, 'repeat')}",
+    )
 
     def progress(done: int, total: int, what: str) -> None:
         stop_signal.check()
@@ -125,10 +131,10 @@ def terminal_summary(costs: NodeCosts) -> dict[str, str]:
     """A few lines that fit a terminal: where it was measured, the draft, each stage at the smallest and the
     largest tree, and the round at the largest budget."""
     first, last, draft = costs.sizes[0], costs.sizes[-1], costs.draft
-    calls = f"{costs.repeats} call{'s' * (costs.repeats != 1)}"
+    calls = f"{counted(costs.repeats, 'call')}"
 
     def across(stage: list[StageCost]) -> str:  # medians (the ranges are in MLflow and node_costs.json)
-        text = f"{first} node{'s' * (first != 1)} {stage[0].median_ms:.3g} ms"
+        text = f"{counted(first, 'node')} {stage[0].median_ms:.3g} ms"
         return text if first == last else f"{text} → {last} nodes {stage[-1].median_ms:.3g} ms"
 
     lines = {

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from remote_worker.decoding.bootstrap import MIN_PROMPTS
 from remote_worker.decoding.comparison import Method
+from remote_worker.wording import counted
 
 SLOWER = "slower than AR, as is every drafting method here"
 
@@ -51,14 +52,15 @@ def judge(summary: dict[str, dict[str, float]]) -> Verdict | None:
     prompts = int(figures.get("prompts", 0))
     mine = _interval(figures)
     if mine is None:
-        on = f"{prompts} prompt{'s' * (prompts != 1)}" if prompts else "too few prompts"
+        on = counted(prompts, "prompt") if prompts else "too few prompts"
         basis = f"{on}, too few for a 95 % interval (at least {MIN_PROMPTS}): no method is crowned"
         return Verdict(fastest, None, (f"{SLOWER}; " if slower else "") + basis)
     if len(ranked) == 1:
         return Verdict(fastest, fastest, (f"{SLOWER}; " if slower else "") + "the only drafting method")
     rival = ranked[1]
     theirs = _interval(drafting[rival])
-    pair = f"{_figure(fastest, figures)} {{}} {_figure(rival, drafting[rival])}, 95 % intervals over {prompts} prompts"
+    over = f"95 % intervals over {counted(prompts, 'prompt')}"
+    pair = f"{_figure(fastest, figures)} {{}} {_figure(rival, drafting[rival])}, {over}"
     if theirs is not None and mine[0] > theirs[1]:
         basis = "its interval clears the runner-up's: " + pair.format("against")
         return Verdict(fastest, fastest, (f"{SLOWER}; " if slower else "") + basis)
