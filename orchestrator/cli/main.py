@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 
 import hydra
@@ -24,6 +25,11 @@ def hydra_main(cfg: DictConfig) -> int:
 
 
 def main() -> None:
+    if any(arg in ("--help", "-h") for arg in sys.argv[1:]):
+        from orchestrator.cli.help import help_text
+
+        print(help_text(shutil.get_terminal_size().columns))
+        return
     try:
         check_group_choices(sys.argv[1:], CONF_DIR)
     except ConfigError as exc:

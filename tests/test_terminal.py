@@ -1,0 +1,36 @@
+"""What the user reads at a terminal, rendered as it prints, at 80 columns (and narrower where it matters)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from orchestrator.cli.help import help_text
+from remote_worker.wording import counted
+from tests.conftest import PROJECT_ROOT
+
+
+@pytest.mark.parametrize("width", [80, 60, 120])
+def test_help_fits_the_terminal_breaks_between_words_and_names_the_bare_run(width: int) -> None:
+    page = help_text(width)
+    lines = page.splitlines()
+    assert all(len(line) <= width for line in lines), [line for line in lines if len(line) > width]
+    words = set(" ".join(lines).split())
+    for choice in ("tiny_trained,", "tiny_qwen3_next,", "qwen3_coder_next,", "tiny_trained_dense"):
+        assert choice in words, f"{choice} cut at a line's end"
+    assert "host=local model=tiny_trained" in " ".join(page.split())
+
+
+def test_help_is_printed_by_the_entry_point_at_the_terminals_width() -> None:
+    env = {**os.environ, "COLUMNS": "80", "PYTHONPATH": str(PROJECT_ROOT)}
+    done = subprocess.run([sys.executable, "-m", "orchestrator", "--help"], env=env, capture_output=True, text=True,
+                          timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == help_text(80).strip(), done.stderr
+
+
+@pytest.mark.parametrize(("count", "text"), [(0, "0 prompts"), (1, "1 prompt"), (2, "2 prompts")])
+def test_counts_are_said_in_words(count: int, text: str) -> None:
+    assert counted(count, "prompt") == text
