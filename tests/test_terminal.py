@@ -34,3 +34,14 @@ def test_help_is_printed_by_the_entry_point_at_the_terminals_width() -> None:
 @pytest.mark.parametrize(("count", "text"), [(0, "0 prompts"), (1, "1 prompt"), (2, "2 prompts")])
 def test_counts_are_said_in_words(count: int, text: str) -> None:
     assert counted(count, "prompt") == text
+
+
+def test_a_host_file_that_leaves_its_python_to_the_user_asks_for_it_in_one_line(tmp_path) -> None:
+    env = {**os.environ, "COLUMNS": "80", "PYTHONPATH": str(PROJECT_ROOT)}
+    done = subprocess.run([sys.executable, "-m", "orchestrator", "host=localhost_ssh"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "config error: host.python has no value in this config: give the host's Python interpreter (its absolute "
+        "path, e.g. /usr/bin/python3) on the command line (host.python=...)"
+    ]

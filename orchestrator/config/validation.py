@@ -14,7 +14,7 @@ from typing import Any
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from orchestrator.config import host_values
 from orchestrator.config.checkpoints import local_checkpoint
@@ -26,6 +26,8 @@ from remote_worker.prompt_set import PromptSetError
 from remote_worker.spec import DEVICES, DTYPES, EXPERIMENT_NAMES, MODEL_SOURCES
 
 HOST_KINDS = ("local", "ssh")
+# What a `???` left for the user means, in the line that asks for it.
+MUST_GIVE = {"host.python": "the host's Python interpreter (its absolute path, e.g. /usr/bin/python3)"}
 RUN_REF = re.compile(r"last|[0-9a-f]{1,32}")
 TRACKING_SCHEMES = {"local": ("sqlite:///", "file:"), "server": ("http://", "https://")}
 
@@ -308,6 +310,10 @@ def resolve_config(cfg: DictConfig) -> dict[str, Any]:
     """Resolve interpolations and check every value the orchestrator and the worker rely on."""
     try:
         container = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except MissingMandatoryValue as exc:  # `???` in a config file: a value only the user can give
+        key = getattr(exc, "full_key", None) or "config"
+        what = MUST_GIVE.get(key, "a value")
+        raise ConfigError(f"{key} has no value in this config: give {what} on the command line ({key}=...)") from exc
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or "config"
         raise ConfigError(f"{key}: {str(exc).splitlines()[0]}") from exc
