@@ -45,3 +45,27 @@ def test_a_host_file_that_leaves_its_python_to_the_user_asks_for_it_in_one_line(
         "config error: host.python has no value in this config: give the host's Python interpreter (its absolute "
         "path, e.g. /usr/bin/python3) on the command line (host.python=...)"
     ]
+
+
+def test_two_commands_that_open_a_fresh_local_store_at_once_both_start(tmp_path) -> None:
+    """`make run` and `make sweep` on a fresh checkout: both create the SQLite store at the same moment (its
+    schema migrated by the first request); without the lock around that first request, one of them failed with
+    pages of SQL (seen in 3 of 3 tries)."""
+    import time
+
+    script = (
+        "import sys, time\n"
+        "from orchestrator.config.settings import TrackingConfig\n"
+        "from orchestrator.tracking.client import open_tracking\n"
+        "while time.time() < float(sys.argv[2]): pass\n"
+        "open_tracking(TrackingConfig('local', sys.argv[1], None, 30, 30))\n"
+        "print('ok')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
+    for attempt in range(2):
+        uri, start = f"sqlite:///{tmp_path / f'mlruns{attempt}.db'}", str(time.time() + 6)
+        both = [subprocess.Popen([sys.executable, "-c", script, uri, start], env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True) for _ in range(2)]  # fmt: skip
+        for process in both:
+            out, err = process.communicate(timeout=120)
+            assert process.returncode == 0 and out.strip() == "ok", err[-2000:]

@@ -8,10 +8,12 @@ byte offset) and can keep reading the worker meanwhile.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import requests
 from mlflow.exceptions import MlflowException
@@ -76,12 +78,31 @@ def configure_requests(tracking: TrackingConfig) -> None:
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # the summary prints the URL
 
 
+@contextmanager
+def _first_use(uri: str) -> Iterator[None]:
+    """A local SQLite store is created (its schema migrated) by the first request of the first process that
+    opens it: two processes doing so at once (`make run` and `make sweep` on a fresh checkout) race, and the
+    loser fails with pages of SQL. So the first request holds a lock beside the database (an OS lock: released
+    whoever holds it however it ends); a server store needs none."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    database = Path(uri.removeprefix("sqlite:///"))
+    database.parent.mkdir(parents=True, exist_ok=True)
+    with open(database.with_name(database.name + ".lock"), "a") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+
 def open_tracking(tracking: TrackingConfig) -> MlflowClient:
     """A client for the store, checked with one cheap request: an unreachable store is one line, at once."""
     configure_requests(tracking)
-    client = MlflowClient(tracking_uri=tracking.uri)
     try:
-        with outages_named():
+        with outages_named(), _first_use(tracking.uri):
+            client = MlflowClient(tracking_uri=tracking.uri)
             client.search_experiments(max_results=1)
     except TrackingUnavailable as exc:
         raise TrackingUnavailable(
