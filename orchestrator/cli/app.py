@@ -8,7 +8,6 @@ store that does not answer or a state folder that cannot be written; nothing is 
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import sys
 import tempfile
@@ -60,9 +59,6 @@ def run_job(cfg: DictConfig) -> int:
 def _run_job(cfg: DictConfig) -> int:
     context.keep_hydra_files_secret()
     console = Console()
-    logging.getLogger("paramiko").setLevel(logging.CRITICAL)  # its errors come back to us as exceptions
-    for chatty in ("alembic", "mlflow", "urllib3"):  # a local store's migrations, retries we report ourselves
-        logging.getLogger(chatty).setLevel(logging.WARNING)
     try:
         overrides = context.task_overrides()
         config = validate(assign_host(cfg))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import shutil
 import sys
 
@@ -24,7 +26,18 @@ def hydra_main(cfg: DictConfig) -> int:
     return code
 
 
+def quiet_libraries() -> None:
+    """Libraries whose lines we report ourselves: paramiko's errors come back as exceptions; a local store's
+    migrations (alembic, MLflow's `Creating initial MLflow database tables...`), urllib3's retries. Set before
+    Hydra starts: a sweep's callback opens the store before any job does."""
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # MLflow sets its level when imported, from this
+    logging.getLogger("paramiko").setLevel(logging.CRITICAL)
+    for chatty in ("alembic", "mlflow", "urllib3"):
+        logging.getLogger(chatty).setLevel(logging.WARNING)
+
+
 def main() -> None:
+    quiet_libraries()
     if any(arg in ("--help", "-h") for arg in sys.argv[1:]):
         from orchestrator.cli.help import help_text
 
