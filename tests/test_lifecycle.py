@@ -903,3 +903,34 @@ def test_a_cancelled_runs_page_counts_the_decodes_that_ran(tmp_path: Path, track
     code, out = run(job_config(tmp_path, f"cancel={job.run_id}"), host)
     assert code == 0 and job.status == "KILLED", out
     assert job.tags[tags.NOTE] == "**KILLED**: cancelled by the user\n\n14 of 40 decodes ran before the end."
+
+
+def test_the_eta_counts_down_between_reports_and_holds_steady_when_methods_alternate() -> None:
+    """Five methods take turns, AR's decode 1 s and the others' 4 s (a cycle of 17 s for 5 decodes): the ETA
+    follows the rate since the task was first seen, so after one cycle it stays within a cycle of the truth
+    (rich's own, from the last 30 s, swung by minutes), and between two reports it counts down instead of
+    freezing."""
+    from orchestrator.lifecycle.display import _EtaColumn
+
+    now = [0.0]
+    live = LiveProgress(Terminal().console, clock=lambda: now[0])
+    column = _EtaColumn(lambda: now[0])
+    durations = [1.0, 4.0, 4.0, 4.0, 4.0] * 8  # 40 decodes: 136 s in all
+    live.show(progress(0, "decode", 0, 40, "ar · prompt 1/8", scope="ar"))
+    (task,) = live._progress.tasks
+
+    def eta() -> int:
+        h, m, s = (int(part) for part in str(column.render(task)).split(":"))
+        return 3600 * h + 60 * m + s
+
+    for done, seconds in enumerate(durations, start=1):
+        now[0] += seconds
+        live.show(progress(done, "decode", done, 40, "x", scope="ar"))
+        truth = sum(durations[done:])
+        if done >= 5 and done < 40:
+            assert abs(eta() - truth) <= 17, (done, eta(), truth)
+            before = eta()
+            now[0] += 2.0  # two seconds pass without a report: the ETA counts them down
+            assert eta() == max(0, before - 2)
+            now[0] -= 2.0
+    assert eta() == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -13,11 +14,11 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    ProgressColumn,
     SpinnerColumn,
     Task,
     TextColumn,
     TimeElapsedColumn,
-    TimeRemainingColumn,
 )
 from rich.table import Table
 from rich.text import Text
@@ -103,6 +104,23 @@ class _FittedProgress(Progress):
         return table
 
 
+class _EtaColumn(ProgressColumn):
+    """The time left, from the task's rate since it was first seen (rich's own takes the last 30 s: a decode
+    whose methods alternate fast and slow swung by minutes, and a prompt longer than 30 s froze it), counted
+    down between the worker's reports (`eta_at`, set by `LiveProgress.show`)."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        super().__init__()
+        self.clock = clock
+
+    def render(self, task: Task) -> Text:
+        eta_at = task.fields.get("eta_at")
+        if eta_at is None:
+            return Text("-:--:--", style="progress.remaining")
+        left = max(0, round(eta_at - self.clock()))
+        return Text(f"{left // 3600}:{left % 3600 // 60:02d}:{left % 60:02d}", style="progress.remaining")
+
+
 class LiveProgress:
     """One bar per (scope, task) the worker reports; log lines and errors printed above the bars.
 
@@ -110,6 +128,7 @@ class LiveProgress:
 
     def __init__(self, console: Console, clock: Callable[[], float] | None = None) -> None:
         self.console = console
+        self.clock = clock or time.monotonic
         self._progress = _FittedProgress(
             SpinnerColumn(),
             TextColumn("{task.fields[label]}", style="bold", markup=False),
@@ -118,12 +137,13 @@ class LiveProgress:
             TextColumn("{task.description}", markup=False),
             TimeElapsedColumn(),
             TextColumn("eta"),
-            TimeRemainingColumn(),
+            _EtaColumn(self.clock),
             console=console,
             transient=False,
             get_time=clock,  # the elapsed time and the ETA's rate: a test's clock, else rich's monotonic one
         )
         self._tasks: dict[tuple[str | None, str], Any] = {}
+        self._first_seen: dict[tuple[str | None, str], tuple[float, float]] = {}  # (time, completed) at first sight
 
     def __enter__(self) -> LiveProgress:
         self._progress.start()
@@ -144,12 +164,11 @@ class LiveProgress:
                 message = message[len(event.scope + SEPARATOR) :]
             if key not in self._tasks:
                 self._tasks[key] = self._progress.add_task("", total=None, label=label)
+            completed, total = data.get("completed", 0), data.get("total")
             self._progress.update(
-                self._tasks[key],
-                completed=data.get("completed", 0),
-                total=data.get("total"),
-                description=message,
-            )
+                self._tasks[key], completed=completed, total=total, description=message,
+                eta_at=self._eta_at(key, completed, total),
+            )  # fmt: skip
         elif event.kind == "start" and data.get("cuda_visible_devices"):
             gpu = escape(printable(data["cuda_visible_devices"]))
             self.console.print(f"worker pid {escape(printable(data.get('pid')))} on GPU {gpu}")
@@ -157,6 +176,17 @@ class LiveProgress:
             self.console.print(f"[dim]worker:[/dim] {escape(printable(data.get('message', '')))}")
         elif event.kind == "traceback":
             self.console.print(f"[red]worker error:[/red] {escape(printable(data.get('error', '')))}")
+
+    def _eta_at(self, key: tuple[str | None, str], completed: object, total: object) -> float | None:
+        """When the task should end at its rate since first seen (None until it has moved)."""
+        now = self.clock()
+        if not isinstance(completed, (int, float)) or not isinstance(total, (int, float)):
+            return None
+        since, start = self._first_seen.setdefault(key, (now, float(completed)))
+        if completed >= total:
+            return now
+        rate = (completed - start) / (now - since) if now > since else 0.0
+        return now + (total - completed) / rate if rate > 0 else None
 
     def note(self, message: str) -> None:
         self.console.print(message)
