@@ -205,7 +205,10 @@ def test_under_five_prompts_nothing_is_crowned_and_the_count_is_said() -> None:
         _method("dflash", 1.5, None, None, 3),
         _method("ddtree_tb32", 2.5, None, None, 3),
     )
-    assert line == "Best: 3 prompts, too few for a 95 % interval (at least 5): no method is crowned."
+    assert line == (  # the leader and runner-up named, as the sweep's page names them, but not crowned
+        "Best: no method is crowned: ddtree_tb32 ×2.50 leads dflash ×1.50 on 3 prompts, too few for a 95 % "
+        "interval (at least 5)."
+    )
     assert best == {}
     summary = {"ar": {"tau": 1.0, "tokens_per_s": 100.0, "speedup_vs_ar": 1.0, "repetition_share": 0.0, "prompts": 3.0},
                "dflash": {"tau": 2.0, "tokens_per_s": 150.0, "speedup_vs_ar": 1.5, "repetition_share": 0.0,

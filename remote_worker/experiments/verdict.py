@@ -5,7 +5,7 @@ A method is crowned only where its speedup's 95 % interval over prompts clears t
 above the runner-up's high end): a fastest median alone was noise often enough (three identical one-pass runs
 once named three different winners, and a sweep crowned a job whose interval, 0.73–1.80, held 1). An interval
 rests on at least `bootstrap.MIN_PROMPTS` prompts; with fewer there is none, nothing is crowned and the basis
-says how many prompts the figures rest on.
+names the leader and its runner-up (as the sweep's page does) and how many prompts the figures rest on.
 """
 
 from __future__ import annotations
@@ -51,9 +51,10 @@ def judge(summary: dict[str, dict[str, float]]) -> Verdict | None:
     slower = figures["speedup_vs_ar"] < 1
     prompts = int(figures.get("prompts", 0))
     mine = _interval(figures)
-    if mine is None:
-        on = counted(prompts, "prompt") if prompts else "too few prompts"
-        basis = f"{on}, too few for a 95 % interval (at least {MIN_PROMPTS}): no method is crowned"
+    if mine is None:  # named as the sweep's page names them, leader and runner-up, but not crowned
+        on = f"on {counted(prompts, 'prompt')}" if prompts else "on too few prompts"
+        lead = _figure(fastest, figures) + (f" leads {_figure(ranked[1], drafting[ranked[1]])}" * (len(ranked) > 1))
+        basis = f"no method is crowned: {lead} {on}, too few for a 95 % interval (at least {MIN_PROMPTS})"
         return Verdict(fastest, None, (f"{SLOWER}; " if slower else "") + basis)
     if len(ranked) == 1:
         return Verdict(fastest, fastest, (f"{SLOWER}; " if slower else "") + "the only drafting method")
