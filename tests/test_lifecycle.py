@@ -735,6 +735,36 @@ def test_list_all_names_the_method_its_tau_is_of(tmp_path: Path, tracking: FakeT
     assert code == 0, out
     row = next(line for line in out.splitlines() if line.startswith(job.run_id[:8]))
     assert re.search(r" FINISHED +4\.86 ddtree_tb64", row), out
+    # A run whose best was not crowned (too few prompts, overlapping intervals) still has its taus: the
+    # highest drafting method's, named (its column was blank on every such run).
+    del job.tags[tags.BEST_METHOD]
+    job.metrics = {m for m in job.metrics if not m[0].startswith("best.")}
+    job.metrics |= {("dflash.tau", 0, 0, 3.3), ("ddtree_tb64.tau", 0, 0, 4.86), ("ar.tau", 0, 0, 1.0)}
+    code, out = run(job_config(tmp_path, "list=all"), host, Terminal(width=80))
+    row = next(line for line in out.splitlines() if line.startswith(job.run_id[:8]))
+    assert re.search(r" FINISHED +4\.86 ddtree_tb64", row), out
+
+
+def test_logs_names_the_run_and_following_says_how_the_worker_ended(tmp_path: Path, tracking: FakeTracking) -> None:
+    host = FakeHost(FakeWorker(decode_log(rounds=20), lines_per_look=1))
+    run(job_config(tmp_path, "detach=true"), host)
+    job = the_run(tracking)
+    host.files[posixpath.join(host.run_dir, "stderr.log")] = b"Warning: slow tokenizer\n"
+    host.on_look = lambda host: (
+        host.files.__setitem__(  # a cancel from elsewhere, once the worker has run a while
+            posixpath.join(host.run_dir, "cancel_requested"), b"cancelled by the user\n"
+        )
+        if host.looks == 30
+        else None
+    )
+    terminal = Terminal(width=80)
+    code, out = run(job_config(tmp_path, f"logs={job.run_id[:8]}", "follow=true"), host, terminal)
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[0] == f"logs of run {job.run_id[:8]} on local · tiny_trained · RUNNING"
+    assert terminal.words.endswith(
+        f"local: run {job.run_id[:8]}: the worker has ended: worker exited with code 0 (cancelled by the user)"
+    )
 
 
 @pytest.mark.parametrize("writes_its_end", [True, False], ids=["worker-ends-killed", "worker-gone-without-end"])

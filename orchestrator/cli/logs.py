@@ -48,8 +48,8 @@ def command(config: JobConfig, console: Console, transport_for: TransportFactory
         for note in located(config, run_id, run.data.tags).notes:
             console.print(f"[yellow]{escape(note)}[/yellow]")
         model = printable(run.data.tags.get(tags.MODEL, "?"))[:60]
-        header = f"logs of run {run_id[:8]} '{printable(run.info.run_name or '')[:60]}' on {config.host.name} · {model}"
-        console.print(f"{header} · {run.info.status}", markup=False, highlight=False)
+        console.print(f"logs of run {run_id[:8]} on {config.host.name} · {model} · {run.info.status}", markup=False,
+                      highlight=False)  # fmt: skip
     transport = transport_for(config)
     try:
         transport.open()
