@@ -20,6 +20,7 @@ from orchestrator.stream.state import StateStore, StreamState
 from orchestrator.tracking.job_summary import summarize
 from remote_worker.events import EVENTS_FILE, EventLog
 from remote_worker.experiments.ddtree_gdn import SUMMARY_FILE, run_ddtree_gdn
+from remote_worker.figures import meaningful
 from remote_worker.spec import parse_spec
 from tests import specs
 
@@ -95,14 +96,18 @@ def test_the_jobs_page_draws_the_budget_curves_against_their_steps(job) -> None:
     def history(key: str) -> list[tuple[int, float]]:
         return [(m.step, m.value) for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)]
 
-    assert history("tau_at_budget") == list(enumerate(document["budget_curve"]["tau"], start=1))
+    assert history("tau_at_budget") == [
+        (b, meaningful("tau", t)) for b, t in enumerate(document["budget_curve"]["tau"], 1)
+    ]
     assert [step for step, _ in history("node_cost.verify_ms")] == [1, 2, 4, 5]  # up to the budget-4 tree
     assert [step for step, _ in history("node_cost.draft_ms")] == [0]
     prediction = document["prediction"]
-    assert history("predicted_tokens_per_s") == list(zip([1, 2, 3, 4], prediction["tokens_per_s"], strict=True))
+    speeds = [meaningful("tokens_per_s", v) for v in prediction["tokens_per_s"]]
+    assert history("predicted_tokens_per_s") == list(zip([1, 2, 3, 4], speeds, strict=True))
     metrics = client.get_run(run_id).data.metrics
-    if not prediction["cannot_tell"]:
+    if not prediction["cannot_tell"] and not prediction["no_single"]:  # one budget named
         assert metrics["best.predicted_budget"] == prediction["best_budget"]
-    assert history("tree_memory_mb") == list(zip([1, 2, 3, 4], prediction["tree_memory_mb"], strict=True))
+    assert history("tree_memory_mb") == [(b, meaningful("_mb", v)) for b, v in
+                                         zip([1, 2, 3, 4], prediction["tree_memory_mb"], strict=True)]  # fmt: skip
     assert [step for step, _ in history("prediction_error")] == [0, 4]  # AR's check, then the decoded budget
     assert not any(key.startswith("tau_at_budget_error") for key in metrics)  # one budget: nothing to check

@@ -93,7 +93,7 @@ def test_a_long_tree_size_sends_progress_between_its_rounds(monkeypatch: pytest.
     target, drafter = pair("tiny_trained")
     seen: list[tuple[int, int, str]] = []
     measure_node_costs(target, drafter, TEXT, 20, [1, 8], 3, lambda *args: seen.append(args), warmup=1)
-    assert [what for _, _, what in seen[:3]] == ["1 nodes: round 1/4", "1 nodes: round 2/4", "1 nodes: round 3/4"]
+    assert [what for _, _, what in seen[:3]] == ["1 node: round 1/4", "1 node: round 2/4", "1 node: round 3/4"]
     assert [done for done, _, _ in seen] == [1, 2, 3, 4, 12, 20, 28, 36] and seen[-1][1] == 36
 
 

@@ -25,6 +25,7 @@ from remote_worker.decoding.round_times import RoundTimes, RoundTimeSampler
 from remote_worker.decoding.tree_limits import beyond_draft
 from remote_worker.decoding.tree_memory import budget_problem, tree_memory
 from remote_worker.events import EventLog
+from remote_worker.figures import rounded
 from remote_worker.models.target import TargetModel
 from remote_worker.spec import Spec
 
@@ -171,23 +172,23 @@ def emit_budget_curves(
     `prediction_error` (at the decoded budgets) and `tree_memory_mb`."""
     if curve is not None:
         for budget, tau in enumerate(curve["tau"], start=1):
-            log.emit("metrics", {"tau_at_budget": tau}, step=budget)
+            log.emit("metrics", rounded({"tau_at_budget": tau}), step=budget)
         for check in curve["checks"]:
-            log.emit("metrics", {"tau_at_budget_error": check["error"]}, step=check["budget"])
+            log.emit("metrics", rounded({"tau_at_budget_error": check["error"]}), step=check["budget"])
     if isinstance(costs, NodeCosts):
         for step, metrics in metric_steps(costs):
-            log.emit("metrics", metrics, step=step)
+            log.emit("metrics", rounded(metrics), step=step)
     elif isinstance(costs, RoundTimes):
         for size, cost in zip(costs.sizes, costs.rounds, strict=True):
-            log.emit("metrics", {"round_cost.round_ms": cost.average_ms}, step=size)  # the mean: what predicts
+            log.emit("metrics", rounded({"round_cost.round_ms": cost.average_ms}), step=size)  # the mean: what predicts
     if prediction is not None:
         for index, budget in enumerate(prediction.budgets):
             figures = {"predicted_tokens_per_s": prediction.tokens_per_s[index]}
             if prediction.tree_memory_mb:
                 figures["tree_memory_mb"] = prediction.tree_memory_mb[index]
-            log.emit("metrics", figures, step=budget)
+            log.emit("metrics", rounded(figures), step=budget)
         for check in prediction.checks:
-            log.emit("metrics", {"prediction_error": check.error}, step=check.budget)
+            log.emit("metrics", rounded({"prediction_error": check.error}), step=check.budget)
 
 
 def check_budgets(target: TargetModel, block_size: int, budgets: list[int], context: int, free: int | None) -> None:

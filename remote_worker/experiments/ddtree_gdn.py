@@ -48,6 +48,7 @@ from remote_worker.experiments.decode_report import (
     write_summary,
 )
 from remote_worker.experiments.verdict import best_tags
+from remote_worker.figures import rounded
 from remote_worker.models.layout import layout_params
 from remote_worker.models.loading import (
     context_length,
@@ -201,11 +202,11 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     headline, verdict = headline_metrics(summary)
     best = {key: value for key, value in headline.items() if key.startswith("best.")}
     predicted = prediction.metrics() if prediction is not None else {}
-    log.emit("metrics", {**best, **predicted, **headline}, step=0)  # the job's run answers
+    log.emit("metrics", rounded({**best, **predicted, **headline}), step=0)  # the job's run answers
     if compile_figures:
-        log.emit("metrics", compile_figures, step=0)
+        log.emit("metrics", rounded(compile_figures), step=0)
     for scope, metrics in summary.items():
-        log.emit("metrics", headline_first(metrics), scope=scope, step=0)
+        log.emit("metrics", rounded(headline_first(metrics)), scope=scope, step=0)
     emit_budget_curves(log, curve, costs, prediction)
     for scope, tally in comparison.tallies.items():
         emit_rounds(log, scope, tally.acceptance_lengths)
