@@ -286,6 +286,9 @@ def test_run_names_say_what_matters_first() -> None:
     swept = run_name(config, {"decode.block_size": "8", "decode.max_new_tokens": "64"})
     assert swept.startswith("bs=8 max_new_tokens=64 · tiny_trained T=0 · ")  # a sweep's job: what varies first
     assert run_name(config, {"model": "tiny_trained"}).startswith("tiny_trained · T=0 bs=8 · ")
+    # The default grid's jobs: told apart within the first 16 characters MLflow's runs table shows of a name.
+    grid = {"model": "tiny_trained", "decode.temperature": "0", "decode.block_size": "8"}
+    assert run_name(config, grid).startswith("T=0 bs=8 tiny_trained · ")
     assert run_name(probe).endswith(" · tiny_trained probe")
 
 

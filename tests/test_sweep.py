@@ -89,7 +89,7 @@ def test_a_parallel_sweep_is_one_parent_run_with_a_child_per_job(mlflow_server: 
     said = result.stdout + result.stderr  # Hydra's own `#0 : <every override>` lines repeat the sweep's: not shown
     assert "[HYDRA]" not in said and "Creating initial MLflow database tables" not in said
     names = sorted(j.info.run_name.split(" · ")[0] for j in jobs)  # what the sweep varies, in each name
-    assert names == ["tiny_dense T=0", "tiny_dense T=1", "tiny_hybrid T=0", "tiny_hybrid T=1"]
+    assert names == ["T=0 tiny_dense", "T=0 tiny_hybrid", "T=1 tiny_dense", "T=1 tiny_hybrid"]
     # The parent's own page: what it varies in its name, the answer and the table as its description, the grid.
     assert parent.info.run_name.startswith("sweep of model × temperature · 4 jobs · ")
     note = parent.data.tags["mlflow.note.content"].splitlines()

@@ -76,7 +76,8 @@ def _describe(job: Job, summary: Path, tmp: Path) -> None:
     as an MLflow table (one row per prompt and method)."""
     document = json.loads(summary.read_text(encoding="utf-8"))  # the run's own settings, also on attach
     temperature = float(document.get("temperature") or 0)
-    title = f"{document.get('model')} · {document.get('dtype')} · T={temperature:g} · {job.host_label}"
+    block = f" · block {document['block_size']}" if document.get("block_size") else ""
+    title = f"{document.get('model')} · {document.get('dtype')} · T={temperature:g}{block} · {job.host_label}"
     rendered = summarize(document, title)
     with outages_named():
         job.client.set_tag(job.state.run_id, tags.NOTE, rendered.markdown)

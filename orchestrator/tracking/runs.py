@@ -42,7 +42,8 @@ def run_name(config: JobConfig, varying: Mapping[str, str] | None = None) -> str
     bs=8` for a single run (runs of one experiment are mostly the same settings again: their time is what
     differs; cut to a shared `tiny_trained T=0 · 1…` they could not be told apart); a sweep's job leads with
     the keys the sweep varies (`bs=4 T=0 · tiny_trained · 12-03 05:52` when block size and temperature are
-    swept), since the rest is the same for every job."""
+    swept), the shortest first: MLflow's runs table cuts a name at about 16 characters, and a model's long name
+    first read `tiny_trained_de…` on four jobs that differed in temperature and block size."""
     fixed = {"model": config.model_name}
     if config.experiment_name == "ddtree_gdn":
         decode = config.worker_sections["decode"]
@@ -54,7 +55,7 @@ def run_name(config: JobConfig, varying: Mapping[str, str] | None = None) -> str
     varying = dict(varying or {})
     if not varying:
         return f"{time.strftime('%m-%d %H:%M')} · " + " ".join(fixed.values())
-    first = [fixed.get(key) or f"{key.rsplit('.', 1)[-1]}={value}" for key, value in varying.items()]
+    first = sorted((fixed.get(key) or f"{key.rsplit('.', 1)[-1]}={value}" for key, value in varying.items()), key=len)
     rest = [text for key, text in fixed.items() if key not in varying]
     return " · ".join([" ".join(first), *([" ".join(rest)] if rest else []), time.strftime("%m-%d %H:%M")])
 
