@@ -302,3 +302,26 @@ def test_the_tables_cells_are_padded_and_short_ones_never_wrap_when_rendered() -
     short = [c for c in cells if 0 < len(c) <= 26]
     assert all(" " not in c and re.search(r"[^\u2060][–-]|[–-][^\u2060]", c) is None for c in short), short
     assert "\u00a0240.0\u2060–\u2060260.0\u00a0" in cells and "\u00a0ddtree_tb32\u00a0" in cells
+
+
+def test_every_method_run_has_a_description_of_its_own_figures() -> None:
+    from orchestrator.tracking.job_summary import method_note
+
+    tree = {"scope": "ddtree_tb16", "method": "ddtree", "tau": 4.0, "tau_ci_low": 2.99, "tau_ci_high": 5.45,
+            "speedup_vs_ar": 2.02, "speedup_vs_ar_ci_low": 1.58, "speedup_vs_ar_ci_high": 2.72,
+            "tokens_per_s": 901.04, "lossless": 1.0}  # fmt: skip
+    assert method_note(tree, "tiny_trained · float32 · T=0 · local") == (
+        "**ddtree_tb16** · tiny_trained · float32 · T=0 · local: tau 4.00 (2.99–5.45), ×2.02 (1.58–2.72) vs AR, "
+        "901.0 tok/s, lossless 1.00. Its job's page compares it with the other methods."
+    )
+    ar = {"scope": "ar", "method": "ar", "tau": 1.0, "speedup_vs_ar": 1.0, "tokens_per_s": 445.1, "lossless": 1.0}
+    assert method_note(ar, "t") == "**ar** · t: 445.1 tok/s. Its job's page compares it with the other methods."
+
+
+def test_the_generations_table_rounds_tau_and_shows_a_whitespace_output(tmp_path: Path) -> None:
+    path = tmp_path / "generations.jsonl"
+    row = {"id": "p", "prompt": "x", "methods": {"ar": {"text": "\n\n  ", "tau": 1.0, "rounds": 3},
+                                                 "dflash": {"text": "ok", "tau": 3.3333333333, "rounds": 1}}}  # fmt: skip
+    path.write_text(json.dumps(row) + "\n")
+    columns = generation_rows(path)
+    assert columns["output"] == ["'\\n\\n  '", "ok"] and columns["tau"] == [1.0, 3.33]

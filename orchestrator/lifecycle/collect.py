@@ -17,7 +17,7 @@ from orchestrator.lifecycle.job import GENERATIONS_FILE, GENERATIONS_TABLE, STDE
 from orchestrator.stream.events import EVENTS_FILE
 from orchestrator.tracking import tags
 from orchestrator.tracking.client import TrackingUnavailable, outages_named, short_reason
-from orchestrator.tracking.job_summary import generation_rows, prompt_dataset, summarize
+from orchestrator.tracking.job_summary import generation_rows, method_note, prompt_dataset, summarize
 from orchestrator.tracking.plots import SUMMARY_FILE, plot_decode_summary
 from orchestrator.tracking.runs import end_run
 from orchestrator.tracking.status import Outcome, RunStatus
@@ -81,6 +81,10 @@ def _describe(job: Job, summary: Path, tmp: Path) -> None:
     rendered = summarize(document, title)
     with outages_named():
         job.client.set_tag(job.state.run_id, tags.NOTE, rendered.markdown)
+        for method in document.get("methods") or []:  # every run has a description, each method's too
+            child = job.state.children.get(str(method.get("scope")))
+            if child is not None:
+                job.client.set_tag(child, tags.NOTE, method_note(method, title))
     files = [("summary.md", rendered.markdown), ("summary.csv", rendered.csv)]
     if rendered.budget_csv is not None:
         files.append(("budget_curve.csv", rendered.budget_csv))

@@ -173,6 +173,27 @@ def answer(methods: list[dict[str, Any]]) -> str:
     return " · ".join(parts) or "No drafting method ran: nothing to compare with AR."
 
 
+def method_note(method: dict[str, Any], title: str) -> str:
+    """A method's own run's description: its figures in one line, and where the comparison is (its job's page):
+    `**ddtree_tb16** · tiny_trained · float32 · T=0 · local: tau 4.00 (2.99–5.45), ×2.02 (1.58–2.72) vs AR,
+    901.0 tok/s, lossless 1.00.`"""
+    figures = []
+    shown = (("tau", "tau_ci_low", "tau_ci_high", "tau {:.2f}"),
+             ("speedup_vs_ar", "speedup_vs_ar_ci_low", "speedup_vs_ar_ci_high", "×{:.2f}"))  # fmt: skip
+    for key, low, high, form in shown:
+        if _has(method, key) and method.get("method") != "ar":  # AR's are 1 by definition
+            text = form.format(method[key])
+            if _has(method, (low, high)):
+                text += f" ({method[low]:.2f}–{method[high]:.2f})"
+            figures.append(text + (" vs AR" if key == "speedup_vs_ar" else ""))
+    if _has(method, "tokens_per_s"):
+        figures.append(f"{method['tokens_per_s']:.1f} tok/s")
+    if _has(method, "lossless") and method.get("method") != "ar":
+        figures.append(f"lossless {method['lossless']:.2f}")
+    said = ", ".join(figures) or "no figures"
+    return f"**{method.get('scope', '?')}** · {title}: {said}. Its job's page compares it with the other methods."
+
+
 def best_line(methods: list[dict[str, Any]], best: dict[str, Any]) -> str:
     """The worker's verdict (`best` in decode_summary.json): the method it names, with the basis that says how
     far to trust it (its interval clears the runner-up's, slower than AR), or, where it names none, why (`no
@@ -201,8 +222,9 @@ def generation_rows(path: Path) -> dict[str, list[Any]]:
                 columns["prompt_id"].append(str(row.get("id")))
                 columns["method"].append(scope)
                 columns["prompt"].append(str(row.get("prompt", "")))
-                columns["output"].append(str(out.get("text", "")))
-                columns["tau"].append(float(out.get("tau") or 0.0))
+                text = str(out.get("text", ""))
+                columns["output"].append(text if text.strip() else repr(text))  # whitespace alone: shown, not blank
+                columns["tau"].append(round(float(out.get("tau") or 0.0), 2))
                 columns["rounds"].append(int(out.get("rounds") or 0))
                 columns["matches_ar"].append("" if out.get("matches_ar") is None else str(out["matches_ar"]))
                 columns["divergence"].append(json.dumps(divergence) if divergence else "")
