@@ -320,8 +320,8 @@ def test_every_method_run_has_a_description_of_its_own_figures() -> None:
 
 def test_the_generations_table_rounds_tau_and_shows_a_whitespace_output(tmp_path: Path) -> None:
     path = tmp_path / "generations.jsonl"
-    row = {"id": "p", "prompt": "x", "methods": {"ar": {"text": "\n\n  ", "tau": 1.0, "rounds": 3},
-                                                 "dflash": {"text": "ok", "tau": 3.3333333333, "rounds": 1}}}  # fmt: skip
+    methods = {"ar": {"text": "\n\n  ", "tau": 1.0, "rounds": 3}, "dflash": {"text": "ok", "tau": 3.3333, "rounds": 1}}
+    row = {"id": "p", "prompt": "x", "methods": methods}
     path.write_text(json.dumps(row) + "\n")
     columns = generation_rows(path)
     assert columns["output"] == ["'\\n\\n  '", "ok"] and columns["tau"] == [1.0, 3.33]

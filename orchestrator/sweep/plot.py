@@ -11,7 +11,7 @@ matplotlib.use("Agg")  # no display: figures are files logged to MLflow
 import matplotlib.pyplot as plt
 
 from orchestrator.sweep.rows import Row
-from orchestrator.tracking.plots import budget_axis, save_figure
+from orchestrator.tracking.plots import VIEWER_WIDTH_IN, budget_axis, save_figure
 
 
 def plot_sweep(rows: list[Row], out_dir: Path) -> list[Path]:
@@ -34,8 +34,10 @@ def draw_sweep(rows: list[Row]) -> plt.Figure | None:
             dflash[row.model][label] = row
     if not lines:
         return None
-    fig, axes = plt.subplots(len(lines), 2, figsize=(13, 3.8 * len(lines)), squeeze=False)
-    for (model, jobs), panels in zip(sorted(lines.items()), axes, strict=True):
+    # Two panels a row and the legend below: the artifact viewer's width (it shrank a 13-inch figure's labels).
+    fig, axes = plt.subplots(2 * len(lines), 1, figsize=(VIEWER_WIDTH_IN, 7.0 * len(lines) + 1.0), squeeze=False)
+    pairs = [(axes[2 * i][0], axes[2 * i + 1][0]) for i in range(len(lines))]
+    for (model, jobs), panels in zip(sorted(lines.items()), pairs, strict=True):
         budgets = sorted({r.tree_budget for points in jobs.values() for r in points if r.tree_budget})
         for axis, key, label in (
             (panels[0], "tau", "tau (tokens per round)"),
@@ -51,7 +53,7 @@ def draw_sweep(rows: list[Row]) -> plt.Figure | None:
             budget_axis(axis, budgets)
             axis.set_ylabel(label)
             axis.set_title(f"{model} (dashed: DFlash; dotted: AR)", fontsize="small")
-        panels[1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
+        panels[1].legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, frameon=False)
     fig.tight_layout()
     return fig
 

@@ -16,6 +16,11 @@ SUMMARY_FILE = "decode_summary.json"  # written by remote_worker.experiments.ddt
 NAMES = {"ar": "AR", "dflash": "DFlash", "ddtree": "DDTree"}
 
 
+# MLflow's artifact viewer shows an image at most its pane's width (about 840 px) and scales a wider one down,
+# labels too: every figure is drawn that wide at the DPI it is saved with (`save_figure`).
+VIEWER_WIDTH_IN = 7.6
+
+
 def method_label(scope: str) -> str:
     """`ddtree_tb32` → `DDTree 32`, `dflash` → `DFlash`: one spelling in every plot and legend."""
     name, _, budget = scope.partition("_tb")
@@ -32,7 +37,7 @@ def plot_decode_summary(summary_file: Path, out_dir: Path) -> list[Path]:
     context = _context(summary)
     figures = []
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4))
+    fig, axes = plt.subplots(2, 1, figsize=(VIEWER_WIDTH_IN, 7.6))  # stacked: the artifact viewer's width
     budgets = [m["tree_budget"] for m in trees]
     for axis, key, label in ((axes[0], "tau", "tau (tokens per round)"), (axes[1], "speedup_vs_ar", "speedup vs AR")):
         values = [m[key] for m in trees]
@@ -52,7 +57,7 @@ def plot_decode_summary(summary_file: Path, out_dir: Path) -> list[Path]:
     fig.tight_layout()
     figures.append(save_figure(fig, out_dir / "tau_speedup_vs_budget.png"))
 
-    fig, axis = plt.subplots(figsize=(6.5, 4.4))
+    fig, axis = plt.subplots(figsize=(min(6.5, VIEWER_WIDTH_IN), 4.4))
     lengths = summary["acceptance_lengths"]
     longest = max((max(v) for v in lengths.values() if v), default=0)
     bins = [b - 0.5 for b in range(longest + 2)]
@@ -86,7 +91,9 @@ def draw_budget_curve(summary: dict) -> plt.Figure:
     budgets = list(range(1, len(curve["tau"]) + 1))
     memory = (prediction or {}).get("tree_memory_mb") or []
     panels = 1 + bool(prediction) + bool(memory)
-    fig, axes = plt.subplots(1, panels, figsize=(5.8 * panels, 4.4), squeeze=False)
+    # One panel a row, each the artifact viewer's width: side by side (1914 px) they shrank to unreadable labels.
+    fig, rows = plt.subplots(panels, 1, figsize=(VIEWER_WIDTH_IN, 4.6 * panels), squeeze=False)
+    axes = [[row[0] for row in rows]]
     axis = axes[0][0]
     axis.plot(budgets, curve["tau"], "-", label=f"estimated from {method_label(curve['scope'])}'s rounds")
     _measured_points(axis, trees, "tau", "measured")
