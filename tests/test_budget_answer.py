@@ -68,8 +68,8 @@ def test_an_error_larger_than_the_lead_answers_with_the_range_within_that_error(
     prediction = answer(measured_2=600.0)
     assert not prediction.told and prediction.ranged and prediction.within == [2, 3, 4]
     assert prediction.line() == (
-        "on this host, budgets 2–4 are within ±7 % of the fastest predicted (3: ×1.75 vs AR; ±7 % at AR and the 2 "
-        "budgets decoded); 4, decoded, ran ×1.62: 3 leads 2 (decoded) by 5.0 %, less than that error"
+        "on this host, budgets 2–4 are within ±7 % (the prediction's error at the 2 budgets decoded) of the fastest "
+        "predicted, 3 at ×1.75 vs AR; 4, decoded, ran ×1.62: 3 leads 2 by 5.0 %, less than that error"
     )
     assert set(prediction.metrics()) == CHECKED | {"budget.range_low", "budget.range_high"}  # no best.predicted_*
     assert (prediction.metrics()["budget.range_low"], prediction.metrics()["budget.range_high"]) == (2, 4)

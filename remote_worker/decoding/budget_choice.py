@@ -165,9 +165,11 @@ class Prediction:
             )
         if self.ranged:
             which = f"budgets {spans(self.within)} are" if len(self.within) > 1 else f"budget {self.within[0]} is"
+            decoded = sum(1 for c in self.checks if c.budget)
             text = (
-                f"on this host, {which} within ±{100 * self.tree_error:.0f} % of the fastest predicted "
-                f"({self.best_budget}: ×{self.best_speedup_vs_ar:.2f} vs AR; {self._error_text()})"
+                f"on this host, {which} within ±{100 * self.tree_error:.0f} % (the prediction's error at the "
+                f"{counted(decoded, 'budget')} decoded) of the fastest predicted, {self.best_budget} at "
+                f"×{self.best_speedup_vs_ar:.2f} vs AR"
             )
             if best is not None:
                 text += f"; {best.budget}, decoded, ran ×{best.speedup_vs_ar:.2f}"
@@ -231,7 +233,7 @@ def _no_single(speeds: dict[int, float], best: int, checks: list[Check], fits: i
         rival = max(rivals, key=lambda b: speeds[b])
         lead = speeds[best] / speeds[rival] - 1
         if error > lead:
-            return f"{best} leads {rival} (decoded) by {100 * lead:.1f} %, less than that error"
+            return f"{best} leads {rival} by {100 * lead:.1f} %, less than that error"
     return ""
 
 
