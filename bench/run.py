@@ -1,7 +1,7 @@
 """`make bench`: decoding on the trained tiny pairs, the worker's costs and the orchestrator's figures.
 
 Ratios are measured side by side in one run. Writes bench/results/bench.json and bench/results/bench.md
-(the table the README shows).
+(the table docs/results.md shows).
 """
 
 from __future__ import annotations

@@ -218,7 +218,7 @@ def costs(verify: list[float], sizes: list[int]) -> NodeCosts:
 
 # The estimate against real decodes on the trained pair, 8 held-out prompts × 128 tokens (float32, CPU), as
 # first measured: +0.20 at budget 16 (4.88 against 4.68), +0.14 at 32 (5.10 against 4.97). The margin leaves
-# room for another CPU's rounding to move a few draft trees; see the README's results for the error over
+# room for another CPU's rounding to move a few draft trees; see docs/results.md for the error over
 # HumanEval.
 TAU_MARGIN = 0.35
 

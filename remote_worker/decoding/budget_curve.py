@@ -10,7 +10,7 @@ the accepted path, and that restricted walk is the path's prefix of nodes number
 Summed over the decode's rounds that gives tau(b) for every b at once. It is an estimate of what a decode at
 budget b reports, not that decode: a budget-b decode accepts less per round, so its rounds start at other
 positions of the text and meet other drafts. The decode experiment compares the estimate with its real
-decodes at the smaller budgets it ran (`compare`), and the README gives the error measured on the trained
+decodes at the smaller budgets it ran (`compare`), and docs/results.md gives the error measured on the trained
 pair.
 """
 

@@ -249,7 +249,7 @@ class MethodTally:
         return figures
 
     def metrics(self, ar: MethodTally, exactness: bool, dflash: MethodTally | None = None) -> dict[str, float]:
-        """The method's summary metrics (see the README's metric table). `exactness`: temperature 0, where
+        """The method's summary metrics (see the metric table in docs/decoding.md). `exactness`: temperature 0, where
         outputs are compared with AR's; `dflash`: DFlash's tally, which DDTree is set against."""
         rounds = max(len(self.acceptance_lengths), 1)
         rates = self.tokens_per_s()
