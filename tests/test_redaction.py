@@ -389,7 +389,8 @@ def test_a_runs_files_and_logs_keep_no_secret(tmp_path: Path) -> None:
 
 def test_a_multiruns_files_and_logs_keep_no_secret(tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
-    result = run_tiny_app(tmp_path, "-m", f"hydra.sweep.dir={sweep_dir}")
+    # Hydra's per-job lines are hidden by default (conf/config.yaml); a user who turns them back on sees them redacted.
+    result = run_tiny_app(tmp_path, "-m", f"hydra.sweep.dir={sweep_dir}", "hydra.hydra_logging.root.level=INFO")
     # A swept job's overrides as Hydra rebuilds them, its values escaped (`https\\://`).
     uri_override = "tracking.uri=https\\://alice\\:***@mlflow.example/"
     assert f"#0 : +host.env.HF_TOKEN=*** {uri_override} +host.extra={{SSH_KEY:***,B:1}}" in result.stdout
