@@ -1,5 +1,9 @@
 """Prompt sets: a JSONL file of conversations, one a line — `{"id": "...", "messages": [{"role", "content"}]}`.
 
+A multi-turn conversation (MT-Bench) adds `"followups": ["turn 2", ...]`: the user's later turns. Each turn is
+decoded as its own record; before turn k+1 one answer to turn k (the last method's) becomes the assistant
+turn, so every method decodes the later turn from the same history (`Prompt.next_turn`).
+
 Standard library only: the orchestrator checks a prompt file with this same parser before anything is
 launched, and the worker reads the copy that travelled with the run.
 """
@@ -26,9 +30,29 @@ class Prompt:
     id: str
     messages: list[dict[str, str]]
     line: int = field(default=0, compare=False)  # its line in the file it was read from (0: not from a file)
+    followups: tuple[str, ...] = ()  # the user's later turns, each decoded after an answer to the one before
 
     def as_record(self) -> dict[str, Any]:
-        return {"id": self.id, "messages": self.messages}
+        record: dict[str, Any] = {"id": self.id, "messages": self.messages}
+        if self.followups:
+            record["followups"] = list(self.followups)
+        return record
+
+    @property
+    def turns(self) -> int:
+        return 1 + len(self.followups)
+
+    def turn_id(self, turn: int) -> str:
+        """The record's id: the prompt's own for its first turn, `<id>#2`, `#3`, … for later ones."""
+        return self.id if turn == 1 else f"{self.id}#{turn}"
+
+    def next_turn(self, answer: str) -> Prompt:
+        """The conversation for the next turn: `answer` as the assistant's turn, then the first followup."""
+        if not self.followups:
+            raise ValueError(f"prompt {self.id!r} has no further turn")
+        later = [{"role": "assistant", "content": answer}, {"role": "user", "content": self.followups[0]}]
+        messages = [*self.messages, *later]
+        return Prompt(id=self.id, messages=messages, line=self.line, followups=self.followups[1:])
 
 
 def _prompt(raw: Any, number: int) -> Prompt:
@@ -46,7 +70,12 @@ def _prompt(raw: Any, number: int) -> Prompt:
     if not isinstance(prompt_id, (str, int)) or isinstance(prompt_id, bool) or not str(prompt_id).strip():
         raise ValueError('"id" must be a non-empty string')
     messages = [{"role": m["role"], "content": m["content"]} for m in messages]
-    return Prompt(id=str(prompt_id), messages=messages, line=number)
+    followups = raw.get("followups", [])
+    if not isinstance(followups, list) or not all(isinstance(turn, str) for turn in followups):
+        raise ValueError('"followups" must be a list of strings (the user\'s later turns)')
+    if followups and messages[-1]["role"] != "user":
+        raise ValueError('a conversation with "followups" must end with a user turn')
+    return Prompt(id=str(prompt_id), messages=messages, line=number, followups=tuple(followups))
 
 
 def parse_prompts(text: str, source: str) -> list[Prompt]:

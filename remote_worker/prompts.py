@@ -28,7 +28,9 @@ def encode(prompt: Prompt, tokenizer: Any | None, vocab_size: int, enable_thinki
     return torch.tensor(list(text.encode("utf-8")), dtype=torch.long)
 
 
-def decode_text(tokens: list[int], tokenizer: Any | None) -> str:
+def decode_text(tokens: list[int], tokenizer: Any | None, skip_special: bool = False) -> str:
+    """The text of `tokens`; `skip_special`: without the tokenizer's special tokens (an answer that becomes the
+    next turn's assistant message, where the chat template adds its own)."""
     if tokenizer is not None:
-        return tokenizer.decode(tokens)
+        return tokenizer.decode(tokens, skip_special_tokens=skip_special)
     return bytes(t for t in tokens if t < 256).decode("utf-8", errors="replace")

@@ -5,8 +5,14 @@ before anything is decoded. Each prompt is then prefilled once and decoded by ev
 state, `decode.repeats` times, the methods taking turns (see `remote_worker.decoding.comparison`). At the
 end each method reports its figures, then its per-round acceptance series, under its own scope (`ar`,
 `dflash`, `ddtree_tb32`, …); while it runs, progress events carry its tau and speed so far.
-`generations.jsonl` holds a row per prompt with every method's output; `decode_summary.json` carries what
+`generations.jsonl` holds a row per record with every method's output; `decode_summary.json` carries what
 the orchestrator plots.
+
+A record is one turn of one conversation: a multi-turn prompt (MT-Bench) is decoded turn by turn, each turn a
+record; before the next turn the last method's answer (special tokens skipped) becomes the assistant's turn,
+so every method decodes turn 2 from the same history. `experiment.shard=i/n` decodes prompts i, i+n, … of
+the set (after `num_prompts`); a record keeps its index in the whole set, which seeds its sampling, so the
+shards of a set decode exactly the records the whole set would.
 """
 
 from __future__ import annotations
@@ -60,7 +66,7 @@ from remote_worker.models.loading import (
 )
 from remote_worker.models.target import TargetModel
 from remote_worker.prompt_set import DEFAULT_PROMPTS, Prompt, load_prompt_file
-from remote_worker.prompts import encode
+from remote_worker.prompts import decode_text, encode
 from remote_worker.safe_files import Folder
 from remote_worker.spec import Spec
 from remote_worker.wording import counted
@@ -77,6 +83,66 @@ def prompt_source(spec: Spec) -> Path:
     return Path(shipped) if shipped else DEFAULT_PROMPTS
 
 
+# A later turn's record index: the prompt's index plus this per turn, so every record of a set has its own
+# sampling seed (`prompt_seed`) whichever shard decodes it.
+TURN_INDEX_STRIDE = 1_000_000
+
+
+def shard_of(value: Any) -> tuple[int, int]:
+    """`experiment.shard` as (i, n): "i/n" with 0 <= i < n; null is the whole set, (0, 1)."""
+    if value is None:
+        return 0, 1
+    part, _, count = str(value).partition("/")
+    i, n = int(part), int(count)
+    if not 0 <= i < n:
+        raise ValueError(f"experiment.shard={value!r} must be i/n with 0 <= i < n")
+    return i, n
+
+
+def check_fits(
+    ids: torch.Tensor, prompt: Prompt, target: TargetModel, max_new_tokens: int, name: str, overhang: int
+) -> None:
+    """A prompt that leaves no room for the new tokens (and the `overhang` a last round's draft block or tree may
+    reach past them) is an error naming the prompt, the model's context and the fix."""
+    limit = context_length(target.model)
+    needed = ids.shape[0] + max_new_tokens + overhang
+    if limit is None or needed <= limit:
+        return
+    extra = f" and {overhang} for a round's draft or tree (decode.tree_budgets)" if overhang else ""
+    room = limit - ids.shape[0] - overhang
+    fix = (
+        f"lower decode.max_new_tokens to at most {room}" if room >= 1
+        else "that prompt alone does not fit: shorten it or leave it out of the prompt set"
+    )  # fmt: skip
+    raise ValueError(
+        f"prompt {prompt.id!r} has {ids.shape[0]} tokens: with decode.max_new_tokens={max_new_tokens}{extra} "
+        f"it needs {needed} positions, more than model {name}'s context of {limit}; {fix}"
+    )
+
+
+# Room for a later turn's answer as re-encoded text: the template's own tokens around it and a tokenization
+# that does not split the text back into the very tokens that were decoded.
+TURN_MARGIN = 32
+
+
+def longest_prompt(
+    prompts: list[Prompt], encoded: list[torch.Tensor], tokenizer: Any, vocab: int, thinking: bool, new: int
+) -> int:
+    """The longest prompt any record decodes from: a first turn's ids, or for a multi-turn conversation its
+    every turn with answers of up to `new` tokens (each with TURN_MARGIN), which sizes the compiled rounds and
+    the memory check before the first turn is decoded."""
+    longest = 0
+    for prompt, ids in zip(prompts, encoded, strict=True):
+        if prompt.followups:
+            whole = prompt
+            while whole.followups:
+                whole = whole.next_turn("")
+            bound = len(encode(whole, tokenizer, vocab, thinking)) + len(prompt.followups) * (new + TURN_MARGIN)
+            longest = max(longest, bound)
+        longest = max(longest, len(ids))
+    return longest
+
+
 def encode_all(
     prompts: list[Prompt],
     tokenizer: Any,
@@ -88,22 +154,10 @@ def encode_all(
 ) -> list[torch.Tensor]:
     """Every prompt's token ids; a prompt that leaves no room for the new tokens (and the `overhang` a last
     round's draft block or tree may reach past them) is an error, before anything is decoded."""
-    limit = context_length(target.model)
     encoded = []
     for prompt in prompts:
         ids = encode(prompt, tokenizer, target.embed.num_embeddings, enable_thinking)
-        needed = ids.shape[0] + max_new_tokens + overhang
-        if limit is not None and needed > limit:
-            extra = f" and {overhang} for a round's draft or tree (decode.tree_budgets)" if overhang else ""
-            room = limit - ids.shape[0] - overhang
-            fix = (
-                f"lower decode.max_new_tokens to at most {room}" if room >= 1
-                else "that prompt alone does not fit: shorten it or leave it out of the prompt set"
-            )  # fmt: skip
-            raise ValueError(
-                f"prompt {prompt.id!r} has {ids.shape[0]} tokens: with decode.max_new_tokens={max_new_tokens}{extra} "
-                f"it needs {needed} positions, more than model {name}'s context of {limit}; {fix}"
-            )
+        check_fits(ids, prompt, target, max_new_tokens, name, overhang)
         encoded.append(ids)
     return encoded
 
@@ -139,20 +193,32 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
         stop_tokens=stop_token_ids(model, tokenizer),
         seed=spec.seed,
     )
-    prompts = load_prompt_file(prompt_source(spec), spec.experiment.get("num_prompts"))
+    whole = load_prompt_file(prompt_source(spec), spec.experiment.get("num_prompts"))
+    shard, shards = shard_of(spec.experiment.get("shard"))
+    prompts, indices = whole[shard::shards], list(range(len(whole)))[shard::shards]
+    if not prompts:
+        has = counted(len(whole), "prompt")
+        raise ValueError(f"experiment.shard={shard}/{shards} holds no prompt: the set has {has}")
+    records = sum(prompt.turns for prompt in prompts)
     enable_thinking = bool(spec.experiment.get("enable_thinking", False))
     budgets = [int(b) for b in spec.decode.get("tree_budgets", [16, 32, 64])]
     overhang = max(drafter.block_size, max(budgets) + 1)  # a last round's draft block, or its tree's nodes
     encoded = encode_all(
         prompts, tokenizer, target, settings.max_new_tokens, enable_thinking, spec.model.name, overhang
     )
-    longest = max(len(ids) for ids in encoded) + settings.max_new_tokens
+    vocab = target.embed.num_embeddings
+    longest_ids = longest_prompt(prompts, encoded, tokenizer, vocab, enable_thinking, settings.max_new_tokens)
+    longest = longest_ids + settings.max_new_tokens
     free = free_bytes(target.device)
     check_budgets(target, drafter.block_size, budgets, longest, free)
     methods = methods_for(budgets)
     passes = f" × {settings.repeats} repeats" if settings.repeats > 1 else ""
-    log.progress("setup", 2, 2, f"{counted(len(prompts), 'prompt')} × {counted(len(methods), 'method')}{passes}")
-    compiled = _compiled_rounds(spec, log, target, drafter, methods, encoded, settings)
+    turns = f" ({counted(records, 'turn')})" if records != len(prompts) else ""
+    of_shard = f" (shard {shard}/{shards})" if shards > 1 else ""
+    log.progress(
+        "setup", 2, 2, f"{counted(len(prompts), 'prompt')}{turns}{of_shard} × {counted(len(methods), 'method')}{passes}"
+    )
+    compiled = _compiled_rounds(spec, log, target, drafter, methods, encoded, settings, longest_ids)
     if compiled is None:
         _warm_up(target, drafter, encoded[0], methods)
     slices = NodeCostSlices.of(spec, target, drafter, len(prompts), settings, budgets, compiled)
@@ -163,32 +229,46 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     comparison = Comparison(methods, settings.temperature, target.dtype)
     profiles = {m.scope: AcceptanceProfile() for m in methods if m.drafts}
     curves = {m.scope: BudgetCurve(m.budget) for m in methods if m.name == "ddtree"}
-    total = len(prompts) * len(methods) * settings.repeats
+    total = records * len(methods) * settings.repeats
     load = host_load.running()
     decode_started = time.time()
+    done_records = 0
     with os.fdopen(Folder(spec.run_dir).open_new(GENERATIONS_FILE), "w", encoding="utf-8") as generations:
-        for index, (prompt, ids) in enumerate(zip(prompts, encoded, strict=True)):
+        for position, (prompt, first_ids, index) in enumerate(zip(prompts, encoded, indices, strict=True)):
+            conversation, ids, answer = prompt, first_ids, []
+            for turn in range(1, prompt.turns + 1):
+                if turn > 1:  # the last method's answer to the turn before is the history every method continues
+                    conversation = conversation.next_turn(decode_text(answer, tokenizer, skip_special=True))
+                    ids = encode(conversation, tokenizer, vocab, enable_thinking)
+                    check_fits(ids, conversation, target, settings.max_new_tokens, spec.model.name, overhang)
+                record = index + (turn - 1) * TURN_INDEX_STRIDE
 
-            def announce(method: Method, repeat: int, index: int = index, prompt: Prompt = prompt) -> None:
-                stop_signal.check()
-                done = (index * settings.repeats + repeat) * len(methods) + methods.index(method)
-                tau, speed = comparison.tau_so_far(method.scope), comparison.tokens_per_s_so_far(method.scope)
-                message = f"{method.scope} · prompt {index + 1}/{len(prompts)}"
-                message += (f" · tau {tau:.2f}" if tau else "") + (f" · {speed:.0f} tok/s" if speed else "")
-                log.progress("decode", done, total, message)
+                label = f" ({prompt.turn_id(turn)})" if turn > 1 else ""
 
-            rounds, prefiller = (compiled.rounds, compiled.prefiller) if compiled is not None else (None, None)
-            run = run_prompt(target, drafter, ids, methods, settings, index, announce, rounds, prefiller)
-            divergences = comparison.add(run)
-            if slices is not None:
-                slices.after(index, ids, log)
-            for scope, profile in profiles.items():
-                profile.add(run.first(scope).accepted_ranks)
-            for scope, curve in curves.items():
-                curve.add(run.first(scope).accepted_nodes)
-            row = generation_row(prompt, run, methods, divergences, tokenizer, comparison.exactness)
-            generations.write(json.dumps(row, ensure_ascii=False) + "\n")
-            generations.flush()
+                def announce(method: Method, repeat: int, at: int = done_records, label: str = label) -> None:
+                    stop_signal.check()
+                    done = (at * settings.repeats + repeat) * len(methods) + methods.index(method)
+                    tau, speed = comparison.tau_so_far(method.scope), comparison.tokens_per_s_so_far(method.scope)
+                    message = f"{method.scope} · prompt {at + 1}/{records}"
+                    message += label
+                    message += (f" · tau {tau:.2f}" if tau else "") + (f" · {speed:.0f} tok/s" if speed else "")
+                    log.progress("decode", done, total, message)
+
+                rounds, prefiller = (compiled.rounds, compiled.prefiller) if compiled is not None else (None, None)
+                run = run_prompt(target, drafter, ids, methods, settings, record, announce, rounds, prefiller)
+                divergences = comparison.add(run)
+                if slices is not None and turn == 1:
+                    slices.after(position, ids, log)
+                for scope, profile in profiles.items():
+                    profile.add(run.first(scope).accepted_ranks)
+                for scope, curve in curves.items():
+                    curve.add(run.first(scope).accepted_nodes)
+                row = generation_row(conversation, run, methods, divergences, tokenizer, comparison.exactness)
+                row.update(id=prompt.turn_id(turn), turn=turn, index=record)
+                generations.write(json.dumps(row, ensure_ascii=False) + "\n")
+                generations.flush()
+                done_records += 1
+                answer = run.first(methods[-1].scope).tokens
     log.progress("decode", total, total, "done")
     summary = comparison.metrics()
     costs = slices.costs() if slices is not None else None
@@ -196,7 +276,7 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     curve = budget_curve_record(methods, curves, summary)
     prediction = predict_budget(
         methods, curves, costs, summary, compiled=compiled is not None, target=target, context=longest, free=free,
-        prompts=len(prompts),
+        prompts=records,
     )  # fmt: skip
     # A run page lists metrics in the order they were first logged (see HEADLINE_FIRST): the answer first.
     headline, verdict = headline_metrics(summary)
@@ -264,6 +344,7 @@ def _compiled_rounds(
     methods: list[Method],
     encoded: list[torch.Tensor],
     settings: Settings,
+    longest: int,
 ) -> CompiledRounds | None:
     """`decode.compile` (true, false, auto: on with CUDA): the prefill and every method's round in fixed shapes,
     compiled and warmed up now, before any clock; None when off, or when this host's torch could not (the run
@@ -278,7 +359,6 @@ def _compiled_rounds(
         log.progress("compile", done, total, message)
 
     started = time.perf_counter()
-    longest = max(len(ids) for ids in encoded)
     enabled, group = bool(spec.decode.get("compile_cache", True)), spec.decode.get("compile_cache_group")
     with CompileCache.open(spec.run_dir, enabled, group) as cache:
         outcome = compile_rounds(
