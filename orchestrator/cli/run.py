@@ -16,7 +16,9 @@ from orchestrator.cli.context import TransportFactory
 from orchestrator.cli.following import follow_run
 from orchestrator.cli.picked_up import state_from_tags
 from orchestrator.config.host_values import run_dir_for
+from orchestrator.config.prompts import prompts_file_text
 from orchestrator.config.settings import Command, JobConfig
+from orchestrator.config.text import printable
 from orchestrator.config.validation import ConfigError
 from orchestrator.host.run_folder import worker_status
 from orchestrator.lifecycle.job import Job
@@ -32,6 +34,9 @@ from orchestrator.lifecycle.phases import (
 )
 from orchestrator.stream.state import Launched, StateStore, StreamState
 from orchestrator.sweep import Sweep
+from orchestrator.sweep.membership import read_sweep_record
+from orchestrator.sweep.plan import progress_line
+from orchestrator.sweep.resume import find_finished, reused_tag
 from orchestrator.sweep.slurm import (
     SlurmJob,
     SlurmSignals,
@@ -43,7 +48,8 @@ from orchestrator.sweep.slurm import (
 )
 from orchestrator.tracking import tags
 from orchestrator.tracking.client import outages_named
-from orchestrator.tracking.runs import create_job_run, end_unstarted_job
+from orchestrator.tracking.runs import create_job_run, end_unstarted_job, ensure_experiment
+from orchestrator.tracking.settings_digest import settings_params
 from orchestrator.tracking.status import Outcome, RunStatus
 
 
@@ -72,6 +78,9 @@ def _run(
     job_tags = {tags.PARENT_RUN_ID: sweep.parent_run_id, tags.SWEEP_JOB: str(sweep.job_num)} if sweep else {}
     if slurm is not None:
         job_tags[tags.SLURM_JOB_ID] = slurm.job_id
+    settings = job_settings(config)
+    if sweep is not None and config.resume and _finished_before(config, console, client, sweep, settings):
+        return RunStatus.FINISHED.exit_code
     with outages_named():
         created = create_job_run(
             client,
@@ -80,6 +89,7 @@ def _run(
             context.git_info(),
             job_tags,
             context.swept_values(sweep) if sweep else None,
+            settings,
         )
     experiment_id, run_id = created.experiment_id, created.run_id
     store.note_launched(  # what `last` means: this user's own record, never the tracking store's newest run
@@ -102,9 +112,53 @@ def _run(
     state = StreamState(run_id=run_id, host=config.host.name, run_dir=run_dir_for(config.host.workdir, run_id))
     store.lock(run_id)
     transport = transport_for(config)
-    return follow_run(
+    code = follow_run(
         config, console, client, store, transport, experiment_id, state, launch_body, sweep, signals=signals
     )
+    if sweep is not None:
+        _say_progress(console, client, sweep)
+    return code
+
+
+def _say_progress(console: Console, client: MlflowClient, sweep: Sweep) -> None:
+    """The sweep's GPU-time so far and left, as this job ends (`sweep/plan.py`); a nicety, never an error."""
+    record = read_sweep_record(sweep.dir) or {}
+    if not record.get("records"):
+        return
+    try:
+        with outages_named():
+            line = progress_line(client, sweep.parent_run_id, record["records"])
+    except Exception:  # noqa: BLE001 - the estimate is an extra; the job's own outcome is already said
+        return
+    console.print(line, markup=False, highlight=False)
+
+
+def job_settings(config: JobConfig) -> dict[str, str]:
+    """What decides the job's figures (`tracking/settings_digest.py`), the prompt set's text included."""
+    experiment = config.worker_sections["experiment"]
+    text = prompts_file_text(experiment.get("prompts"), experiment.get("datasets_dir"))
+    return settings_params(config.resolved, text)
+
+
+def _finished_before(
+    config: JobConfig, console: Console, client: MlflowClient, sweep: Sweep, settings: dict[str, str]
+) -> bool:
+    """`sweep.resume`: when a checked run of the experiment already FINISHED with these settings, the sweep's
+    parent names it for this job (its page takes that run's figures) and nothing is decoded (True)."""
+    with outages_named():
+        experiment_id = ensure_experiment(client, config.experiment_name, config.tracking.artifact_root)
+        found = find_finished(client, experiment_id, settings)
+        if found is None:
+            return False
+        client.set_tag(sweep.parent_run_id, reused_tag(sweep.job_num), found.run_id)
+    varying = " ".join(f"{k}={v}" for k, v in context.swept_values(sweep).items()) or "the grid's defaults"
+    of = f" ({sweep.job_num + 1} of {sweep.jobs})" if sweep.jobs else ""
+    console.print(
+        f"[bold]sweep job #{sweep.job_num}{of}[/bold]: {escape(varying)} · already FINISHED with these settings "
+        f"as run {found.run_id} ({escape(printable(found.name))}): not decoded again"
+    )
+    _say_progress(console, client, sweep)
+    return True
 
 
 def _resume(

@@ -40,7 +40,7 @@ def _prompt_file(experiment: dict[str, Any], checkpoint: Path | None) -> tuple[l
     value = experiment.get("prompts")
     limit = experiment.get("num_prompts")
     if value is not None:
-        prompts = resolve_prompts(str(value))
+        prompts = resolve_prompts(str(value), experiment.get("datasets_dir"))
         assert prompts is not None
         return (prompts[:limit] if limit else prompts), str(value)
     shipped = checkpoint / "prompts.jsonl" if checkpoint is not None else None

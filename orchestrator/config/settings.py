@@ -145,6 +145,7 @@ class JobConfig:
     model_name: str
     seed: int
     fail_fast: bool
+    resume: bool  # a sweep's job whose settings already FINISHED is not run again (`sweep/resume.py`)
     follow: bool  # logs: keep printing until the worker ends
     list_all: bool  # list: finished runs from MLflow too
     worker_sections: dict[str, Any]  # experiment, model, decode, probe: the spec's content
@@ -181,6 +182,7 @@ class JobConfig:
             model_name=str(config["model"]["name"]),
             seed=int(config["seed"]),
             fail_fast=bool(config["sweep"]["fail_fast"]),
+            resume=bool(config["sweep"].get("resume", False)),
             follow=bool(config.get("follow", False)),
             list_all=config["list"] == "all",
             yes=bool(config.get("yes", False)),

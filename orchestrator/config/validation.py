@@ -24,6 +24,7 @@ from orchestrator.config.settings import SYNC_METHODS, JobConfig
 from remote_worker.decoding.tree_limits import beyond_draft
 from remote_worker.prompt_set import PromptSetError
 from remote_worker.spec import DEVICES, DTYPES, EXPERIMENT_NAMES, MODEL_SOURCES
+from remote_worker.wording import counted
 
 HOST_KINDS = ("local", "ssh")
 # What a `???` left for the user means, in the line that asks for it.
@@ -189,13 +190,28 @@ def _check_prompts(experiment: dict[str, Any]) -> None:
         _number({"experiment": experiment}, "experiment.num_prompts", minimum=1, integer=True)
     if not isinstance(experiment.get("enable_thinking", False), bool):
         raise ConfigError(f"experiment.enable_thinking={experiment['enable_thinking']!r} must be true or false")
+    shard = experiment.get("shard")
+    if shard is not None:
+        part, slash, count = str(shard).partition("/")
+        if not (slash and part.isdigit() and count.isdigit() and int(part) < int(count)):
+            raise ConfigError(f"experiment.shard={shard!r} must be i/n with 0 <= i < n (prompts i, i+n, …), or null")
+    datasets_dir = experiment.get("datasets_dir")
+    if datasets_dir is not None and not isinstance(datasets_dir, str):
+        raise ConfigError(f"experiment.datasets_dir={datasets_dir!r} must be a folder's path, or null (the hub)")
     value = experiment.get("prompts")
     if value is not None and not isinstance(value, str):
         raise ConfigError(f"experiment.prompts={value!r} must be a named set or a path to a JSONL file")
     try:
-        resolve_prompts(value)
+        prompts = resolve_prompts(value, datasets_dir)
     except PromptSetError as exc:
         raise ConfigError(f"experiment.prompts: {exc}") from exc
+    if shard is not None and prompts is not None:
+        limit = experiment.get("num_prompts") or len(prompts)
+        part, count = (int(x) for x in str(shard).split("/"))
+        if part >= min(limit, len(prompts)):
+            raise ConfigError(
+                f"experiment.shard={shard} holds no prompt: the set has {counted(min(limit, len(prompts)), 'prompt')}"
+            )
 
 
 @dataclass(frozen=True)

@@ -95,7 +95,8 @@ def launch(job: Job, report: dict[str, Any], code_dir: str) -> None:
     """Write the spec, start the worker detached, and wait (with a deadline) until it has a pid."""
     host, run_dir = job.config.host, job.state.run_dir
     try:
-        prompts = prompts_file_text(job.config.worker_sections["experiment"].get("prompts"))
+        experiment = job.config.worker_sections["experiment"]
+        prompts = prompts_file_text(experiment.get("prompts"), experiment.get("datasets_dir"))
         spec = worker_spec(job.config, job.state.run_id, run_dir, prompts_sent=prompts is not None)
         write_spec(job.transport, run_dir, spec, prompts)
         job.launched = True

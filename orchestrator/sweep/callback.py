@@ -33,12 +33,14 @@ class SweepCallback(Callback):
     Hydra instantiates callbacks for every run, so MLflow is imported only when a multirun uses it."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from orchestrator.sweep.plan import make_plan
         from orchestrator.tracking.runs import ensure_experiment, run_url
 
         client = _client(config)
         experiment_id = ensure_experiment(client, str(config.experiment.name), config.tracking.get("artifact_root"))
         hydra_cfg = config.hydra  # HydraConfig is not set yet when a multirun starts
-        jobs, swept = _grid(config)
+        jobs, swept, grid = _grid(config)
+        plan = make_plan(OmegaConf.to_container(config, resolve=False), grid) if grid else None
         run = client.create_run(
             experiment_id,
             run_name=sweep_name(swept, jobs),
@@ -58,10 +60,13 @@ class SweepCallback(Callback):
             "started": time.time(),
             "jobs": jobs,
             "swept": swept,
+            "records": plan.records if plan is not None else None,
         }
         write_sweep_record(folder, record)
         count = counted(jobs, "job") if jobs else "jobs"
         Console().print(f"[bold]sweep[/bold] {run.info.run_id} · {count}, each a child run · {folder}")
+        if plan is not None:
+            Console().print(plan.line(), markup=False, highlight=False)
         Console().print(
             f"sweep run: {run_url(client, experiment_id, run.info.run_id)}",
             soft_wrap=True,
@@ -110,9 +115,10 @@ def sweep_name(swept: list[str], jobs: int | None) -> str:
     return f"sweep of {what}{count} · {time.strftime('%m-%d %H:%M')}"
 
 
-def _grid(config: DictConfig) -> tuple[int | None, list[str]]:
+def _grid(config: DictConfig) -> tuple[int | None, list[str], list[dict[str, str]]]:
     """How many jobs the basic sweeper will launch (its grid times the command line's sweeps; None for any
-    other sweeper, whose count is its own business) and the keys the sweep varies (for the jobs' names)."""
+    other sweeper, whose count is its own business), the keys the sweep varies (for the jobs' names), and each
+    job's overrides in launch order (empty where the count is unknown)."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -121,16 +127,18 @@ def _grid(config: DictConfig) -> tuple[int | None, list[str]]:
     try:
         overrides = OverridesParser.create().parse_overrides([*params, *hydra_cfg.overrides.task])
     except Exception:  # noqa: BLE001 - a nicety; the sweep itself reports a bad override
-        return None, []
+        return None, [], []
     # The command line's value replaces the grid's (as in the basic sweeper): `model=x` ends a `model` axis.
     last = {o.get_key_element(): o.is_sweep_override() for o in overrides}
     swept = [key for key, sweeps in last.items() if sweeps]
     if str(hydra_cfg.runtime.choices.get("hydra/sweeper", "basic")) != "basic":
-        return None, swept
+        return None, swept, []
     try:
-        return sum(len(batch) for batch in BasicSweeper.split_arguments(overrides, None)), swept
+        batches = BasicSweeper.split_arguments(overrides, None)
     except Exception:  # noqa: BLE001 - as above
-        return None, swept
+        return None, swept, []
+    jobs = [dict(str(o).lstrip("+~").partition("=")[::2] for o in job) for batch in batches for job in batch]
+    return len(jobs), swept, jobs
 
 
 def _client(config: DictConfig) -> Any:

@@ -142,7 +142,8 @@ def description(rows: list[Row], status: str) -> str:
     body = []
     for row in rows:
         settings = row.settings()
-        cells = [str(row.job), row.status, *(settings.get(k, "") for k in keys), row.method]
+        status = f"{row.status} (reused: {row.run_id[:8]})" if row.reused else row.status
+        cells = [str(row.job), status, *(settings.get(k, "") for k in keys), row.method]
         body.append(cells + [cell(row) for _, cell in figures])
     lines += markdown_table(header, body)
     errors = [f"- job #{r.job} {r.status}: {r.error}" for r in {r.job: r for r in rows}.values() if r.error]

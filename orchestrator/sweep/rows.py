@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mlflow.entities import Run
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from orchestrator.config import host_values
 from orchestrator.config.text import printable
+from orchestrator.sweep.resume import reused_jobs, why_not
 from orchestrator.tracking import tags as mlflow_tags
 
 # A method run's figures a row carries; the 95 % intervals over prompts and DDTree's speedup over DFlash are
@@ -41,6 +43,8 @@ class Row:
     speedup_vs_dflash_ci_high: float | None = None
     repeats: int | None = None  # decode passes per prompt behind the figures (their medians)
     error: str = ""
+    run_id: str = ""  # the job's run
+    reused: bool = False  # taken from an earlier sweep's run with the same settings (`sweep.resume`)
 
     def settings(self) -> dict[str, str]:
         """The varying overrides as key → value: `{"decode.block_size": "8"}`."""
@@ -72,16 +76,29 @@ def _children(client: MlflowClient, experiment_ids: list[str], parent: str) -> l
 
 
 def sweep_rows(client: MlflowClient, parent_run_id: str) -> list[Row]:
-    """One row per (job, method); a job without method runs (a probe, a failure) is one row."""
+    """One row per (job, method); a job without method runs (a probe, a failure) is one row. A job the sweep
+    took from an earlier run (`sweep.resume`) is read from that run, under this sweep's job number."""
     experiment_ids = [e.experiment_id for e in client.search_experiments()]
-    jobs = sorted(_children(client, experiment_ids, parent_run_id), key=lambda r: _job_number(r.data.tags))
-    overrides = {job.info.run_id: job.data.tags.get(mlflow_tags.HYDRA_OVERRIDES, "").split() for job in jobs}
+    jobs = [(_job_number(run.data.tags), run, "") for run in _children(client, experiment_ids, parent_run_id)]
+    gone: list[Row] = []
+    for number, run_id in reused_jobs(client.get_run(parent_run_id)).items():
+        try:
+            earlier = client.get_run(run_id)
+        except MlflowException:
+            earlier = None
+        if earlier is None or why_not(earlier, {}) is not None:
+            error = f"the run it reused ({run_id}) is gone or no longer a FINISHED job run"
+            gone.append(Row(job=number, status="FAILED", model="", overrides="", error=error))
+        else:
+            jobs.append((number, earlier, run_id))
+    jobs.sort(key=lambda job: job[0])
+    overrides = {run.info.run_id: run.data.tags.get(mlflow_tags.HYDRA_OVERRIDES, "").split() for _, run, _ in jobs}
     common = set.intersection(*(set(o) for o in overrides.values())) if len(jobs) > 1 else set()
     rows = []
-    for job in jobs:
+    for number, job, reused in jobs:
         tags = job.data.tags
         base = {
-            "job": _job_number(tags),
+            "job": number,
             "status": job.info.status,
             "model": printable(tags.get(mlflow_tags.MODEL, ""))[:80],
             "overrides": " ".join(overrides[job.info.run_id]),
@@ -89,6 +106,8 @@ def sweep_rows(client: MlflowClient, parent_run_id: str) -> list[Row]:
             "error": printable(tags.get(mlflow_tags.ERROR, "").splitlines()[0])[:300]
             if tags.get(mlflow_tags.ERROR)
             else "",
+            "run_id": job.info.run_id,
+            "reused": bool(reused),
         }
         methods = _children(client, experiment_ids, job.info.run_id)
         if not methods:
@@ -107,7 +126,7 @@ def sweep_rows(client: MlflowClient, parent_run_id: str) -> list[Row]:
                     **values,
                 )
             )
-    return rows
+    return sorted(rows + gone, key=lambda row: row.job)
 
 
 def _method_order(run: Run) -> tuple[int, int]:

@@ -14,11 +14,13 @@ from pathlib import Path
 
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
+from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 from rich.cells import cell_len
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from orchestrator.paper.page import paper_section
 from orchestrator.sweep.page import FIGURES, description, fastest, figure_cells, grid_params, job_metrics
 from orchestrator.sweep.plot import plot_sweep
 from orchestrator.sweep.rows import Row, short_names, sweep_rows, varying_keys
@@ -37,6 +39,17 @@ def write_csv(rows: list[Row], path: Path) -> None:
         writer.writerow(names)
         for row in rows:
             writer.writerow(["" if getattr(row, n) is None else getattr(row, n) for n in names])
+
+
+CUT_NOTE = f"\n\n… cut at MLflow's limit for a description: the whole page is the artifact {MARKDOWN_FILE}.\n"
+
+
+def fitted(page: str, limit: int = MAX_TAG_VAL_LENGTH) -> str:
+    """The page as the parent's description: whole when it fits MLflow's limit on a tag, else cut at the last
+    line that fits, saying where the whole page is (a paper sweep's table and its 80 job rows do not fit)."""
+    if len(page) <= limit:
+        return page
+    return page[: page.rfind("\n", 0, limit - len(CUT_NOTE))] + CUT_NOTE
 
 
 def sweep_status(rows: list[Row]) -> str:
@@ -74,6 +87,11 @@ def summarize_sweep(
         folder = Path(tmp)
         write_csv(rows, folder / CSV_FILE)
         page = description(rows, status)
+        paper = paper_section(client, rows, folder)
+        if paper is not None:  # the paper's table leads: it is the question a paper sweep asks
+            page = paper.markdown + "\n" + page
+            for path in paper.files:
+                client.log_artifact(parent_run_id, str(path))
         (folder / MARKDOWN_FILE).write_text(page, encoding="utf-8")
         client.log_artifact(parent_run_id, str(folder / CSV_FILE))
         client.log_artifact(parent_run_id, str(folder / MARKDOWN_FILE))
@@ -82,7 +100,7 @@ def summarize_sweep(
     jobs = {row.job: row for row in rows}
     failed = [row for row in jobs.values() if row.status != "FINISHED"]
     run_tags = [
-        RunTag(mlflow_tags.NOTE, page),
+        RunTag(mlflow_tags.NOTE, fitted(page)),
         RunTag(mlflow_tags.SWEEP_JOBS, str(len(jobs))),
         RunTag(mlflow_tags.SWEEP_NOT_FINISHED, str(len(failed))),
     ]

@@ -20,6 +20,7 @@ from orchestrator.config.settings import JobConfig
 from orchestrator.tracking import tags
 from orchestrator.tracking.gitinfo import GitInfo
 from orchestrator.tracking.location import location_tags
+from orchestrator.tracking.settings_digest import PROMPTS_DIGEST, config_hash
 from orchestrator.tracking.status import NOT_STARTED, Outcome, RunStatus, Stage
 
 
@@ -74,12 +75,14 @@ def create_job_run(
     git: GitInfo,
     extra_tags: Mapping[str, str] | None = None,
     varying: Mapping[str, str] | None = None,
+    settings: Mapping[str, str] | None = None,
 ) -> CreatedRun:
     """Create the job's run with its tags, params and config artifacts.
 
     `extra_tags` place a sweep's job under the sweep's parent run. The run records who launched it from
     where (`launch.user`, `launch.machine`): for people reading the store, never believed by the tool (`last`
-    comes from the launching user's own state folder)."""
+    comes from the launching user's own state folder). `settings` (`sweep.resume.settings_params`) add the
+    prompt set's digest to the params and name the run's settings digest in a tag, for a sweep run again."""
     experiment_id = ensure_experiment(client, config.experiment_name, config.tracking.artifact_root)
     run_tags = {
         tags.HOST: config.host.name,
@@ -93,10 +96,15 @@ def create_job_run(
         tags.LAUNCH_MACHINE: socket.gethostname(),
         **(extra_tags or {}),
     }
+    if settings is not None:
+        run_tags[tags.CONFIG_HASH] = config_hash(settings)
     name = run_name(config, varying)
     run = client.create_run(experiment_id, run_name=name, tags=run_tags)
     run_id = run.info.run_id
-    params = [Param(k, v) for k, v in to_params(config.resolved, MAX_PARAM_VAL_LENGTH).items()]
+    flat = to_params(config.resolved, MAX_PARAM_VAL_LENGTH)
+    if settings is not None:
+        flat[PROMPTS_DIGEST] = settings[PROMPTS_DIGEST]
+    params = [Param(k, v) for k, v in flat.items()]
     for start in range(0, len(params), MAX_PARAMS_TAGS_PER_BATCH):
         client.log_batch(run_id, params=params[start : start + MAX_PARAMS_TAGS_PER_BATCH])
     with tempfile.TemporaryDirectory() as tmp:

@@ -60,6 +60,10 @@ SWEEP_FAIL_FAST = "sweep.fail_fast"
 SWEEP_JOBS = "sweep.jobs"
 SWEEP_NOT_FINISHED = "sweep.not_finished"
 SWEEP_BEST_JOB = "sweep.best_job"
+# A sweep run again (`sweep/resume.py`): each job run's settings digest, and on a sweep's parent the jobs it
+# took from earlier runs with the same settings (`sweep.reused.<job>` = that run's id).
+CONFIG_HASH = "orchestrator.config_hash"
+SWEEP_REUSED_PREFIX = "sweep.reused."
 
 # A sweep job Slurm ran (`sweep/slurm.py`): its job id (`123_4` for an array's task), how often it was requeued.
 SLURM_JOB_ID = "slurm.job_id"

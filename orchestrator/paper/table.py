@@ -1,0 +1,232 @@
+"""The paper's table on a sweep's page: rows the datasets, columns T = 0 and T = 1 × DFlash and DDTree.
+
+Built from what the sweep's jobs logged: each job run's params name its dataset (`experiment.prompts`), its
+temperature and its shard; its `generations.jsonl` holds its records (`figures.py` computes the paper's
+figures from them, the shards of one dataset merged into one set of records), its `decode_summary.json` the
+budget curve (tau at every budget from the largest budget's trees, the predicted speed from the run's costs).
+
+For a model the paper reports (`PAPER_MODELS`), the paper's own figures (`paper_figures.csv`, with its
+source) sit beside ours.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from orchestrator.paper.figures import Cell, Record, best_ddtree, cell, merge, read_records
+from remote_worker.decoding.bootstrap import Interval
+
+DATASETS = ("gsm8k", "math500", "aime24", "aime25", "humaneval", "mbpp", "livecodebench", "swe-bench", "mt-bench",
+            "alpaca")  # fmt: skip
+TEMPERATURES = (0.0, 1.0)
+PAPER_BUDGETS = (16, 32, 64, 128, 256, 512, 1024)
+# Our model config's name -> the paper's column for it (the dense controls the paper benchmarks).
+PAPER_MODELS = {"qwen3_4b": "Qwen3-4B", "qwen3_8b": "Qwen3-8B", "qwen3_coder_30b_a3b": "Qwen3-Coder-30B-A3B-Instruct"}
+FIGURES_FILE = "paper_figures.csv"
+CSV_COLUMNS = ("dataset", "temperature", "method", "tree_budget", "records", "speedup", "speedup_ci_low",
+               "speedup_ci_high", "tau", "tau_ci_low", "tau_ci_high", "paper_speedup", "paper_tau")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PaperFigure:
+    speedup: float
+    tau: float
+
+
+def paper_figures() -> dict[tuple[str, str, float, str], PaperFigure]:
+    """(paper model, dataset, temperature, method) -> the paper's figure, from the data file shipped here."""
+    text = resources.files("orchestrator.paper").joinpath(FIGURES_FILE).read_text(encoding="utf-8")
+    rows = csv.DictReader(line for line in io.StringIO(text) if not line.startswith("#"))
+    return {
+        (r["paper_model"], r["dataset"], float(r["temperature"]), r["method"]): PaperFigure(
+            float(r["speedup"]), float(r["tau"])
+        )
+        for r in rows
+    }
+
+
+@dataclass(frozen=True)
+class JobRecords:
+    """What one job of the sweep gives the table."""
+
+    dataset: str
+    temperature: float
+    model: str
+    records: list[Record]
+    summary: Mapping | None = None  # its decode_summary.json
+
+
+@dataclass
+class Entry:
+    """One (dataset, temperature): the merged records' cells, and the budget curve."""
+
+    dataset: str
+    temperature: float
+    records: int
+    dflash: Cell | None
+    ddtree: Cell | None
+    curve: dict[int, tuple[float, float | None]] = field(default_factory=dict)  # budget -> (tau, predicted ×)
+    jobs: int = 1
+
+
+def curve_of(summaries: Sequence[Mapping | None]) -> dict[int, tuple[float, float | None]]:
+    """Tau and predicted speedup at the paper's budgets, from the jobs' budget curves (shards averaged, each
+    weighted by its records). A budget past a curve's end is left out."""
+    found: dict[int, list[tuple[float, float | None, int]]] = {}
+    for summary in summaries:
+        if not summary or not summary.get("budget_curve"):
+            continue
+        taus = summary["budget_curve"].get("tau") or []
+        prediction = summary.get("prediction") or {}
+        speeds, ar = prediction.get("tokens_per_s") or [], prediction.get("ar_predicted_tokens_per_s") or 0
+        weight = int(max((m.get("prompts", 0) for m in summary.get("methods", [])), default=0)) or 1
+        for budget in PAPER_BUDGETS:
+            if budget <= len(taus):
+                speed = speeds[budget - 1] / ar if ar and budget <= len(speeds) else None
+                found.setdefault(budget, []).append((float(taus[budget - 1]), speed, weight))
+    curve = {}
+    for budget, values in sorted(found.items()):
+        total = sum(w for _, _, w in values)
+        tau = sum(t * w for t, _, w in values) / total
+        speeds = [(s, w) for _, s, w in values if s is not None]
+        speed = sum(s * w for s, w in speeds) / sum(w for _, w in speeds) if speeds else None
+        curve[budget] = (tau, speed)
+    return curve
+
+
+def entries(jobs: Sequence[JobRecords]) -> list[Entry]:
+    """One entry per (dataset, temperature) the jobs cover, in the paper's order."""
+    groups: dict[tuple[str, float], list[JobRecords]] = {}
+    for job in jobs:
+        groups.setdefault((job.dataset, job.temperature), []).append(job)
+    found = []
+    for (dataset, temperature), group in sorted(groups.items(), key=lambda g: (_order(g[0][0]), g[0][1])):
+        records = merge([job.records for job in group])
+        complete = [r for r in records if "ar" in r.methods]
+        dflash = cell(complete, "dflash") if complete and all("dflash" in r.methods for r in complete) else None
+        found.append(
+            Entry(dataset, temperature, len(complete), dflash, best_ddtree(complete),
+                  curve_of([job.summary for job in group]), len(group))
+        )  # fmt: skip
+    return found
+
+
+def _order(dataset: str) -> int:
+    return DATASETS.index(dataset) if dataset in DATASETS else len(DATASETS)
+
+
+def _figure(c: Cell | None) -> str:
+    if c is None:
+        return ""
+    speedup = f"×{c.speedup:.2f}" + (f" ({c.speedup_ci.low:.2f}–{c.speedup_ci.high:.2f})" if c.speedup_ci else "")
+    tau = f"τ {c.tau:.2f}" + (f" ({c.tau_ci.low:.2f}–{c.tau_ci.high:.2f})" if c.tau_ci else "")
+    return f"{speedup} · {tau}"
+
+
+def _paper(figure: PaperFigure | None) -> str:
+    return "" if figure is None else f" · paper ×{figure.speedup:.2f} · τ {figure.tau:.2f}"
+
+
+def markdown(found: Sequence[Entry], model: str) -> str:
+    """The table as the sweep's page shows it, then the budget curve, then how to read them."""
+    paper_model = PAPER_MODELS.get(model)
+    paper = paper_figures() if paper_model else {}
+    temperatures = sorted({e.temperature for e in found})
+    by_key = {(e.dataset, e.temperature): e for e in found}
+    datasets = list(dict.fromkeys(e.dataset for e in found))
+    head = ["dataset", *(f"T={t:g} {m}" for t in temperatures for m in ("DFlash", "DDTree")), "best budget"]
+    lines = [f"### The paper's table: {model}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for dataset in datasets:
+        cells, budgets = [], []
+        for t in temperatures:
+            entry = by_key.get((dataset, t))
+            for method in ("dflash", "ddtree"):
+                c = getattr(entry, method) if entry else None
+                cells.append(_figure(c) + (_paper(paper.get((paper_model, dataset, t, method))) if c else ""))
+            budgets.append(str(entry.ddtree.budget) if entry and entry.ddtree else "–")
+        lines.append(f"| {dataset} | " + " | ".join(cells) + f" | {' / '.join(budgets)} |")
+    means = []
+    for t in temperatures:
+        for method in ("dflash", "ddtree"):
+            chosen = [getattr(e, method) for e in found if e.temperature == t and getattr(e, method)]
+            means.append(
+                f"×{statistics.fmean(c.speedup for c in chosen):.2f} · τ {statistics.fmean(c.tau for c in chosen):.2f}"
+                if chosen else ""
+            )  # fmt: skip
+    lines.append("| **mean** | " + " | ".join(means) + " | |")
+    lines += ["", *_curve_lines(found), "", *_reading(found, paper_model)]
+    return "\n".join(lines) + "\n"
+
+
+def _curve_lines(found: Sequence[Entry]) -> list[str]:
+    budgets = sorted({b for e in found for b in e.curve})
+    if not budgets:
+        return []
+    lines = [
+        "**Every budget** (tau from the largest decoded budget's trees; speedup predicted from the run's costs):",
+        "",
+        "| dataset | T | " + " | ".join(str(b) for b in budgets) + " |",
+        "|" + "---|" * (len(budgets) + 2),
+    ]
+    for e in found:
+        cells = []
+        for b in budgets:
+            tau, speed = e.curve.get(b, (None, None))
+            cells.append("" if tau is None else f"τ {tau:.2f}" + (f" ×{speed:.2f}" if speed is not None else ""))
+        lines.append(f"| {e.dataset} | {e.temperature:g} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _reading(found: Sequence[Entry], paper_model: str | None) -> list[str]:
+    records = sum(e.records for e in found)
+    lines = [
+        f"Figures the paper's way over {records} records: speedup = mean of AR's time per output token ÷ mean of the "
+        "method's (decode time, prefill excluded); τ = mean of each record's tokens per round; DDTree at its "
+        "fastest decoded budget. 95 % intervals over records (none under 5 records). A final round cut by the token "
+        "limit counts the tokens it kept (the paper's counts its whole acceptance)."
+    ]
+    if paper_model:
+        lines.append(
+            f"`paper` is the DDTree paper's own figure for {paper_model} (github.com/liranringel/ddtree "
+            "src/data/results.tex): same datasets, prompts and settings, on the authors' GPUs."
+        )
+    return lines
+
+
+def write_csv(found: Sequence[Entry], model: str, path: Path) -> None:
+    """One row per (dataset, temperature, method), the paper's figure beside ours where it reports the model."""
+    paper_model = PAPER_MODELS.get(model)
+    paper = paper_figures() if paper_model else {}
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(CSV_COLUMNS)
+        for e in found:
+            for method, c in (("dflash", e.dflash), ("ddtree", e.ddtree)):
+                if c is None:
+                    continue
+                ours = paper.get((paper_model, e.dataset, e.temperature, method)) if paper_model else None
+                writer.writerow([
+                    e.dataset, f"{e.temperature:g}", method, c.budget or "", c.records, f"{c.speedup:.4f}",
+                    _bound(c.speedup_ci, "low"), _bound(c.speedup_ci, "high"), f"{c.tau:.4f}",
+                    _bound(c.tau_ci, "low"), _bound(c.tau_ci, "high"),
+                    "" if ours is None else ours.speedup, "" if ours is None else ours.tau,
+                ])  # fmt: skip
+
+
+def _bound(interval: Interval | None, side: str) -> str:
+    return "" if interval is None else f"{getattr(interval, side):.4f}"
+
+
+def load_job(generations: Path, summary: Path | None, dataset: str, temperature: float, model: str) -> JobRecords:
+    """A job's records and budget curve from its downloaded files."""
+    with generations.open(encoding="utf-8") as f:
+        records = read_records(f)
+    document = json.loads(summary.read_text(encoding="utf-8")) if summary is not None and summary.is_file() else None
+    return JobRecords(dataset, temperature, model, records, document)

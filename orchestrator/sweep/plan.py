@@ -1,0 +1,114 @@
+"""A sweep's plan before it starts, and its estimate of the GPU-time left as its jobs end.
+
+Before the first job: how many jobs, records (a prompt's turns each), methods and decodes the grid holds, read
+from the grid itself (the basic sweeper's job list) and the prompt sets it names (each read once; a set that
+cannot be read here leaves its jobs' records unknown, never guessed). The per-job counts go into `sweep.json`.
+
+As each job ends: the GPU-time the sweep's jobs have taken so far (each job holds one GPU lease from its
+run's start to its end) over the records they decoded gives the time per record, and the records of the jobs
+not yet ended give the estimate: `plan: 3 of 20 jobs ended · 14.2 GPU-min so far · about 80 GPU-min left`.
+A job reused from an earlier sweep took no time here and counts as done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mlflow.tracking import MlflowClient
+
+from orchestrator.config.prompts import resolve_prompts
+from orchestrator.config.validation import ConfigError
+from orchestrator.sweep.resume import reused_jobs
+from orchestrator.tracking.tags import SWEEP_JOB
+from remote_worker.prompt_set import PromptSetError
+from remote_worker.wording import counted
+
+
+@dataclass(frozen=True)
+class Plan:
+    records: list[int | None]  # per job, in job order; None where its prompt set cannot be read here
+    methods: list[int]  # per job: AR, DFlash and one DDTree per budget
+    repeats: list[int]
+
+    @property
+    def decodes(self) -> int | None:
+        if any(r is None for r in self.records):
+            return None
+        return sum(r * m * p for r, m, p in zip(self.records, self.methods, self.repeats, strict=True))  # type: ignore[operator]
+
+    def line(self) -> str:
+        jobs = counted(len(self.records), "job")
+        if self.decodes is None:
+            return f"plan: {jobs} · records not known here (a job's prompts are chosen on the host, or unreadable here)"
+        records = sum(r or 0 for r in self.records)
+        return (
+            f"plan: {jobs} · {counted(records, 'record')} · {counted(self.decodes, 'decode')} (a method over a record)"
+        )
+
+
+def _records(experiment: Mapping[str, Any]) -> int | None:
+    """A job's records: the prompts it decodes (after num_prompts and its shard), each prompt's turns."""
+    try:
+        prompts = resolve_prompts(experiment.get("prompts"), experiment.get("datasets_dir"))
+    except (PromptSetError, ConfigError, OSError):
+        return None
+    if prompts is None:
+        return None  # the worker chooses (the checkpoint's own prompts)
+    limit = experiment.get("num_prompts")
+    prompts = prompts[: int(limit)] if limit else prompts
+    shard = experiment.get("shard")
+    if shard is not None:
+        part, _, count = str(shard).partition("/")
+        prompts = prompts[int(part) :: int(count)]
+    return sum(p.turns for p in prompts)
+
+
+def make_plan(base: Mapping[str, Any], jobs: Sequence[Mapping[str, str]]) -> Plan:
+    """The plan of `jobs` (each the overrides that make it, key → value) over the `base` config."""
+    records, methods, repeats = [], [], []
+    cache: dict[tuple, int | None] = {}
+    for job in jobs:
+        experiment = dict(base.get("experiment") or {})
+        decode = dict(base.get("decode") or {})
+        for key, value in job.items():
+            section, _, name = key.partition(".")
+            if section == "experiment":
+                experiment[name] = None if value == "null" else value
+            elif section == "decode":
+                decode[name] = value
+        key = tuple(str(experiment.get(k)) for k in ("prompts", "datasets_dir", "num_prompts", "shard"))
+        if key not in cache:
+            cache[key] = _records(experiment)
+        records.append(cache[key])
+        budgets = decode.get("tree_budgets") or []
+        count = len(budgets) if isinstance(budgets, list | tuple) else len(str(budgets).strip("[]").split(","))
+        methods.append(2 + count)
+        repeats.append(int(decode.get("repeats") or 1))
+    return Plan(records, methods, repeats)
+
+
+def progress_line(client: MlflowClient, parent_run_id: str, records: Sequence[int | None]) -> str:
+    """The sweep so far, from its job runs' own start and end times, and the GPU-time left at that pace."""
+    parent = client.get_run(parent_run_id)
+    reused = set(reused_jobs(parent))
+    runs = client.search_runs(
+        [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent_run_id}'", max_results=10000
+    )
+    ended = [r for r in runs if r.info.end_time]
+    seconds = sum((r.info.end_time - r.info.start_time) / 1000 for r in ended)
+    numbers = {n for r in ended if (n := _job(r.data.tags.get(SWEEP_JOB))) is not None}
+    done = numbers | reused
+    of_them = f" ({len(reused)} reused)" if reused else ""
+    line = f"plan: {len(done)} of {counted(len(records), 'job')} ended{of_them} · {seconds / 60:.1f} GPU-min so far"
+    decoded = sum(records[n] or 0 for n in numbers if n < len(records))
+    if not decoded or any(r is None for r in records):
+        return line
+    per_record = seconds / decoded
+    left = sum(r or 0 for n, r in enumerate(records) if n not in done)
+    return line + f" · about {left * per_record / 60:.0f} GPU-min left ({per_record:.2f} s per record)"
+
+
+def _job(text: str | None) -> int | None:
+    return int(text) if text is not None and text.isdigit() else None

@@ -1,0 +1,67 @@
+"""A sweep run again resumes: a job whose settings already FINISHED is not decoded again (`sweep.resume`).
+
+Every job run carries `orchestrator.config_hash`, the digest of what decides its figures
+(`tracking/settings_digest.py`: the worker's settings, the seed and the prompt set's text).
+
+A run found by its tag is a claim, not a proof (a tracking server without authentication lets anyone set
+any tag): it is reused only when it FINISHED, is a job run, and its own params — which MLflow never lets
+anyone change once logged — hold every one of this job's settings, value for value. A store that anyone can
+write can still be given a whole forged run with the right params; the job's line names the run it reused,
+and `sweep.resume=false` decodes everything again.
+
+The new sweep's parent run records each reused job as `sweep.reused.<job>` = the run's id, so its page
+covers the jobs decoded before and now (`rows.sweep_rows`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from mlflow.entities import Run
+from mlflow.tracking import MlflowClient
+
+from orchestrator.tracking import tags
+from orchestrator.tracking.settings_digest import config_hash
+
+
+@dataclass(frozen=True)
+class Reusable:
+    run_id: str
+    name: str
+
+
+def why_not(run: Run, expected: Mapping[str, str]) -> str | None:
+    """Why a run found by its digest cannot stand for this job (None: it can)."""
+    if run.info.status != "FINISHED":
+        return f"it is {run.info.status}"
+    if run.data.tags.get(tags.ROLE, "job") != "job" or tags.SCOPE in run.data.tags:
+        return "it is not a job run"
+    differing = sorted(k for k, v in expected.items() if run.data.params.get(k) != v)
+    if differing:
+        return f"its params differ ({', '.join(differing[:3])}{', …' if len(differing) > 3 else ''})"
+    return None
+
+
+def find_finished(client: MlflowClient, experiment_id: str, expected: Mapping[str, str]) -> Reusable | None:
+    """The newest FINISHED job run of the experiment with these settings, checked by its params; None."""
+    digest = config_hash(expected)
+    query = f"tags.`{tags.CONFIG_HASH}` = '{digest}' and attributes.status = 'FINISHED'"
+    for run in client.search_runs([experiment_id], query, max_results=50, order_by=["attributes.start_time DESC"]):
+        if why_not(run, expected) is None:
+            return Reusable(run.info.run_id, run.info.run_name or run.info.run_id)
+    return None
+
+
+def reused_tag(job: int) -> str:
+    return f"{tags.SWEEP_REUSED_PREFIX}{job}"
+
+
+def reused_jobs(parent: Run) -> dict[int, str]:
+    """The jobs a sweep took from earlier runs (`sweep.reused.<job>` tags on its parent): job → run id."""
+    found = {}
+    for key, value in parent.data.tags.items():
+        number = key.removeprefix(tags.SWEEP_REUSED_PREFIX)
+        if key.startswith(tags.SWEEP_REUSED_PREFIX) and number.isdigit() and value.isalnum():
+            found[int(number)] = value
+    return found

@@ -1,0 +1,117 @@
+"""The paper's table: its figures computed the paper's way from records, shards merged, the best budget, the
+page's Markdown and CSV, and the paper's own figures shipped as data."""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from orchestrator.paper.figures import MethodRecord, Record, RecordsDisagree, best_ddtree, cell, merge, read_records
+from orchestrator.paper.table import DATASETS, JobRecords, entries, markdown, paper_figures, write_csv
+from orchestrator.sweep.summary import CUT_NOTE, fitted
+
+
+def record(rid: str, ar: tuple[float, int], **methods: tuple[float, int, float]) -> Record:
+    """`ar`: (decode seconds, tokens); each method: (decode seconds, tokens, tau)."""
+    found = {"ar": MethodRecord(tuple(range(ar[1])), ar[0], 1.0)}
+    found.update({scope: MethodRecord(tuple(range(n)), s, tau) for scope, (s, n, tau) in methods.items()})
+    return Record(rid, found)
+
+
+def test_speedup_is_a_ratio_of_mean_times_per_token_and_tau_a_mean_of_record_taus() -> None:
+    records = [
+        record("d-0", (4.0, 8), dflash=(1.0, 8, 4.0)),  # AR 0.5 s/token, DFlash 0.125
+        record("d-1", (3.0, 2), dflash=(0.5, 1, 1.0)),  # AR 1.5 s/token, DFlash 0.5
+    ]
+    c = cell(records, "dflash")
+    assert c.speedup == pytest.approx(((0.5 + 1.5) / 2) / ((0.125 + 0.5) / 2))  # not the mean of ratios (3.5)
+    assert c.tau == pytest.approx(2.5)  # each record weighs the same, whatever its rounds
+    assert c.speedup_ci is None and c.tau_ci is None  # fewer than 5 records: no interval
+
+
+def test_intervals_over_five_records_hold_the_figure() -> None:
+    records = [record(f"d-{i}", (1.0 + i, 10), dflash=(0.3 + 0.1 * i, 10, 3.0 + i)) for i in range(6)]
+    c = cell(records, "dflash")
+    assert c.speedup_ci is not None and c.tau_ci is not None
+    assert c.speedup_ci.low <= c.speedup <= c.speedup_ci.high
+    assert c.tau_ci.low <= c.tau == statistics.fmean(3.0 + i for i in range(6)) <= c.tau_ci.high
+
+
+def test_the_ddtree_cell_is_the_fastest_decoded_budget() -> None:
+    records = [
+        record("d-0", (10.0, 10), ddtree_tb16=(2.0, 10, 5.0), ddtree_tb64=(1.0, 10, 7.0), ddtree_tb1024=(1.5, 10, 9.0))
+    ]
+    best = best_ddtree(records)
+    assert best is not None and best.budget == 64 and best.speedup == pytest.approx(10.0)
+    tie = [record("d-0", (10.0, 10), ddtree_tb16=(1.0, 10, 5.0), ddtree_tb64=(1.0, 10, 7.0))]
+    assert best_ddtree(tie).budget == 16  # a tie goes to the smaller tree
+    assert best_ddtree([record("d-0", (1.0, 1), dflash=(1.0, 1, 1.0))]) is None
+
+
+def test_shards_merge_into_the_whole_sets_records_and_disagreeing_tokens_are_refused() -> None:
+    whole = [record(f"s-{i}", (1.0, 4), dflash=(0.5, 4, 2.0)) for i in range(11)]
+    merged = merge([whole[1::2], whole[0::2]])
+    assert [r.id for r in merged] == [f"s-{i}" for i in range(11)]  # s-10 after s-9
+    assert cell(merged, "dflash") == cell(whole, "dflash")
+    assert merge([whole, whole[:3]]) == whole  # a record decoded twice alike counts once
+    other = record("s-0", (1.0, 5), dflash=(0.5, 4, 2.0))
+    with pytest.raises(RecordsDisagree, match="s-0"):
+        merge([whole, [other]])
+
+
+def test_records_are_read_from_generations_rows(tmp_path: Path) -> None:
+    rows = [
+        {"id": "mt-bench-0", "turn": 1, "methods": {"ar": {"tokens": [1, 2], "decode_s": 0.2, "tau": 1.0},
+                                                    "dflash": {"tokens": [1, 2], "decode_s": 0.1, "tau": 2.0}}},
+        {"id": "mt-bench-0#2", "turn": 2, "methods": {"ar": {"tokens": [3], "decode_s": 0.1, "tau": 1.0},
+                                                      "dflash": {"tokens": [3], "decode_s": 0.1, "tau": 1.0}}},
+    ]  # fmt: skip
+    records = read_records(json.dumps(r) + "\n" for r in rows)
+    assert [r.id for r in records] == ["mt-bench-0", "mt-bench-0#2"]
+    assert records[0].methods["dflash"].seconds_per_token == pytest.approx(0.05)
+
+
+def test_the_page_and_csv_put_the_papers_figures_beside_ours(tmp_path: Path) -> None:
+    def job(dataset: str, t: float, scale: float) -> JobRecords:
+        records = [
+            record(f"{dataset}-{i}", (8.0, 8), dflash=(2.0 * scale, 8, 4.0), ddtree_tb64=(1.0 * scale, 8, 7.0 + i))
+            for i in range(5)
+        ]
+        return JobRecords(dataset, t, "qwen3_8b", records)
+
+    found = entries([job("math500", 1.0, 1.0), job("gsm8k", 0.0, 2.0), job("math500", 0.0, 1.0)])
+    assert [(e.dataset, e.temperature) for e in found] == [("gsm8k", 0.0), ("math500", 0.0), ("math500", 1.0)]
+    page = markdown(found, "qwen3_8b")
+    lines = page.splitlines()
+    assert lines[2] == "| dataset | T=0 DFlash | T=0 DDTree | T=1 DFlash | T=1 DDTree | best budget |"
+    math_row = next(line for line in lines if line.startswith("| math500 |"))
+    assert "×4.00 (4.00–4.00) · τ 4.00 (4.00–4.00) · paper ×5.56 · τ 7.79" in math_row  # Qwen3-8B, MATH-500, T=0
+    assert "×8.00 (8.00–8.00) · τ 9.00 (" in math_row and "paper ×7.52 · τ 10.73" in math_row
+    assert math_row.endswith("| 64 / 64 |")
+    assert "| gsm8k |" in page and "| **mean** |" in page and "src/data/results.tex" in page
+    write_csv(found, "qwen3_8b", tmp_path / "t.csv")
+    rows = list(csv.DictReader((tmp_path / "t.csv").open()))
+    assert rows[0]["dataset"] == "gsm8k" and rows[0]["method"] == "dflash" and rows[0]["paper_speedup"] == "4.78"
+    assert "paper" not in markdown(found, "qwen3_6_27b").split("\n\n")[1]  # no paper column for a model it lacks
+
+
+def test_the_papers_own_figures_are_every_cell_of_its_table() -> None:
+    figures = paper_figures()
+    models = {"Qwen3-4B", "Qwen3-8B", "Qwen3-Coder-30B-A3B-Instruct"}
+    assert set(figures) == {
+        (m, d, t, k) for m in models for d in DATASETS for t in (0.0, 1.0) for k in ("dflash", "ddtree")
+    }
+    assert all(figures[(m, d, t, "ddtree")].speedup > figures[(m, d, t, "dflash")].speedup for m, d, t, _ in figures)
+    assert figures[("Qwen3-8B", "math500", 0.0, "ddtree")].tau == 10.73
+    assert figures[("Qwen3-Coder-30B-A3B-Instruct", "alpaca", 1.0, "dflash")].speedup == 1.51
+
+
+def test_a_page_longer_than_a_description_may_be_is_cut_at_a_line_and_says_where_the_rest_is() -> None:
+    page = "".join(f"| row {i} | {'x' * 90} |\n" for i in range(200))
+    cut = fitted(page, 8000)
+    assert len(cut) <= 8000 and cut.endswith(CUT_NOTE) and cut[: -len(CUT_NOTE)].endswith("|")
+    assert fitted("short", 8000) == "short"
