@@ -22,6 +22,7 @@ from bench.decode_figures import decode_figures, prompt_length_check
 from bench.decode_speed import compare_workers
 from bench.op_counts import op_count_figures
 from bench.orchestrator_figures import orchestrator_figures
+from bench.paper_protocol import paper_protocol_figures, paper_protocol_table
 from bench.worker_figures import worker_figures
 
 RESULTS = Path(__file__).parent / "results"
@@ -228,6 +229,10 @@ def markdown(results: dict) -> str:
         "",
         *check_summary(results["budget"], results["budget_loaded"]),
         "",
+        "The paper protocol's decodes against the paper's full budget grid (`bench.paper_protocol`):",
+        "",
+        *paper_protocol_table(results["paper_protocol"]),
+        "",
         "Operations per decode round (counted, so exact: a gate where timings are noise), after a 256-token "
         "prefill on 64-layer models of the real layer pattern at tiny widths (the hybrid is Qwen3.6-27B's: 48 "
         "Gated DeltaNet and 16 attention layers); compute operations as dispatched on the CPU, views and "
@@ -270,8 +275,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--decode-repeats", type=int, default=3)
     parser.add_argument("--baseline", default=BASELINE, help="the commit whose worker the speed table compares with")
+    parser.add_argument("--only", choices=["paper_protocol"], help="run this section alone (its own JSON file)")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
+    if args.only == "paper_protocol":
+        figures = paper_protocol_figures(repeats=args.decode_repeats)
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / "paper_protocol.json").write_text(json.dumps(figures, indent=1) + "\n")
+        print(json.dumps(figures, indent=1))
+        print("\n".join(paper_protocol_table(figures)))
+        return
     results = {
         "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}",
         "date": time.strftime("%Y-%m-%d"),
@@ -280,6 +293,7 @@ def main() -> None:
         "prompt_length": prompt_length_check("tiny_trained", args.decode_repeats),
         "budget": budget_figures("tiny_trained", args.decode_repeats),
         "budget_loaded": budget_figures("tiny_trained", args.decode_repeats, load=True),
+        "paper_protocol": paper_protocol_figures(repeats=args.decode_repeats),
         "op_counts": op_count_figures(),
         "speed": compare_workers(args.baseline, args.decode_repeats),
         "compiled": _compiled_runs(),

@@ -122,12 +122,13 @@ def draw(found: Sequence[Entry], model: str) -> plt.Figure:
                 if figure is not None:
                     axis.plot([x + offset - width / 2, x + offset + width / 2], [figure.speedup] * 2, color="black")
             label = "DFlash" if method == "dflash" else "DDTree (best budget)"
-            axis.bar(xs, ys, width, yerr=[low, high], color=colour, label=label, capsize=2)
+            errors = [low, high] if any(low) or any(high) else None  # no interval under 5 records: no bar for one
+            axis.bar(xs, ys, width, yerr=errors, color=colour, label=label, capsize=2)
         axis.axhline(1.0, linestyle=":", color="grey")
         axis.set_xticks(range(len(datasets)), datasets, rotation=30, ha="right", fontsize="small")
         axis.set_ylabel("speedup vs AR")
         title = f"{model} · T={t:g}" + (f" (black: the paper's {paper_model})" if paper_model else "")
         axis.set_title(title, fontsize="small")
-        axis.legend(fontsize="small", frameon=False)
+    axes[-1][0].legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=2, frameon=False)
     fig.tight_layout()
     return fig

@@ -101,13 +101,22 @@ def progress_line(client: MlflowClient, parent_run_id: str, records: Sequence[in
     numbers = {n for r in ended if (n := _job(r.data.tags.get(SWEEP_JOB))) is not None}
     done = numbers | reused
     of_them = f" ({len(reused)} reused)" if reused else ""
-    line = f"plan: {len(done)} of {counted(len(records), 'job')} ended{of_them} · {seconds / 60:.1f} GPU-min so far"
+    line = f"plan: {len(done)} of {counted(len(records), 'job')} ended{of_them} · {gpu_time(seconds)} so far"
     decoded = sum(records[n] or 0 for n in numbers if n < len(records))
     if not decoded or any(r is None for r in records):
         return line
     per_record = seconds / decoded
     left = sum(r or 0 for n, r in enumerate(records) if n not in done)
-    return line + f" · about {left * per_record / 60:.0f} GPU-min left ({per_record:.2f} s per record)"
+    return line + f" · about {gpu_time(left * per_record)} left ({per_record:.2f} s per record)"
+
+
+def gpu_time(seconds: float) -> str:
+    """`42 GPU-s`, `14.2 GPU-min`, `31.5 GPU-h`: what a lease held, in the unit that reads."""
+    if seconds < 120:
+        return f"{seconds:.0f} GPU-s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} GPU-min"
+    return f"{seconds / 3600:.1f} GPU-h"
 
 
 def _job(text: str | None) -> int | None:

@@ -1,0 +1,141 @@
+"""`sweep=paper` end to end on the tiny trained pair over the local host with two GPU leases: the ten datasets
+from a local mirror in the hub's layout, both temperatures (20 jobs), two prompts each and 8 new tokens.
+Stopped with Ctrl-C mid-way and run again, it decodes only the jobs that did not finish and its page holds all
+twenty; the shards of one dataset merge into the figures of the whole set, tokens equal."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from orchestrator.paper.table import DATASETS
+from tests.conftest import MlflowServer, group_alive, run_orchestrator, start_orchestrator
+from tests.paper_mirror import build_mirror
+
+pytestmark = pytest.mark.slow
+
+TINY = ("experiment.num_prompts=2", "decode.max_new_tokens=8", "decode.tree_budgets=[4,16]", "decode.node_costs=false")
+
+
+def paper_args(tmp_path: Path, mlflow_server: MlflowServer, sweep_dir: str, *extra: str) -> list[str]:
+    return [
+        "--multirun", "sweep=paper", "model=tiny_trained", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+        "host.gpus=[0,1]", "model.device=cpu", f"experiment.datasets_dir={tmp_path / 'datasets'}", *TINY, *extra,
+        f"host.workdir={tmp_path / 'work'}", f"orchestrator.state_dir={tmp_path / 'state'}",
+        f"host.gpu_lock_dir={tmp_path / 'locks'}", "tracking=server", f"tracking.uri={mlflow_server.uri}",
+        f"hydra.sweep.dir={tmp_path / sweep_dir}",
+    ]  # fmt: skip
+
+
+def parent_of(tmp_path: Path, sweep_dir: str) -> str:
+    return json.loads((tmp_path / sweep_dir / "sweep.json").read_text())["parent_run_id"]
+
+
+def jobs_of(client: MlflowClient, parent: str) -> dict[int, object]:
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    runs = client.search_runs(experiments, f"tags.mlflow.parentRunId = '{parent}'")
+    return {int(r.data.tags["sweep.job"]): r for r in runs}
+
+
+def artifact_text(client: MlflowClient, run_id: str, path: str, into: Path) -> str:
+    into.mkdir(parents=True, exist_ok=True)
+    return Path(client.download_artifacts(run_id, path, str(into))).read_text()
+
+
+def tokens_by_record(text: str) -> dict[str, dict[str, list[int]]]:
+    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    return {row["id"]: {scope: m["tokens"] for scope, m in row["methods"].items()} for row in rows}
+
+
+def test_a_paper_sweep_stopped_and_run_again_decodes_only_what_is_missing(
+    mlflow_server: MlflowServer, tmp_path: Path
+) -> None:
+    build_mirror(tmp_path / "datasets", rows_per_set=3)
+    client = MlflowClient(tracking_uri=mlflow_server.uri)
+
+    # First: stopped with Ctrl-C once at least four jobs have finished.
+    process = start_orchestrator(paper_args(tmp_path, mlflow_server, "first"), tmp_path, own_group=True)
+    try:
+        deadline = time.monotonic() + 400
+        while True:
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+            if (tmp_path / "first" / "sweep.json").is_file():
+                runs = jobs_of(client, parent_of(tmp_path, "first")).values()
+                if sum(r.info.status == "FINISHED" for r in runs) >= 4:
+                    break
+            time.sleep(0.5)
+        # Ctrl-C to the launching process: it cancels the sweep, and the running jobs stop their workers.
+        os.kill(process.pid, signal.SIGINT)
+        first_out, first_err = process.communicate(timeout=180)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 130, first_out + first_err
+    # (9 sets × 2 prompts + MT-Bench's 2 conversations × 2 turns) × 2 temperatures; 4 methods each
+    assert "plan: 20 jobs · 44 records · 176 decodes" in first_out
+    first = jobs_of(client, parent_of(tmp_path, "first"))
+    finished = {n for n, r in first.items() if r.info.status == "FINISHED"}
+    assert 4 <= len(finished) < 20
+    for pid_file in (tmp_path / "work" / "runs").glob("*/pid"):
+        assert not group_alive(int(pid_file.read_text())), "no worker survives the Ctrl-C"
+
+    # Again, the same command: the finished jobs are taken as they are, only the others are decoded.
+    result = run_orchestrator(paper_args(tmp_path, mlflow_server, "second"), tmp_path, timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    parent = client.get_run(parent_of(tmp_path, "second"))
+    reused = {int(k.rsplit(".", 1)[1]): v for k, v in parent.data.tags.items() if k.startswith("sweep.reused.")}
+    assert reused == {n: first[n].info.run_id for n in finished}
+    decoded = jobs_of(client, parent.info.run_id)
+    assert set(decoded) == set(range(20)) - finished, "nothing decoded twice, nothing missing"
+    assert result.stdout.count("· already FINISHED with these") == len(finished)
+    assert f"plan: 20 of 20 jobs ended ({len(finished)} reused)" in result.stdout
+    assert parent.info.status == "FINISHED"
+
+    # Its page holds all twenty: the job table and the paper's table, every dataset at both temperatures.
+    summary = list(
+        csv.DictReader(io.StringIO(artifact_text(client, parent.info.run_id, "sweep_summary.csv", tmp_path / "a")))
+    )
+    assert {int(r["job"]) for r in summary} == set(range(20)) and {r["status"] for r in summary} == {"FINISHED"}
+    assert {int(r["job"]) for r in summary if r["reused"] == "True"} == finished
+    table = list(
+        csv.DictReader(io.StringIO(artifact_text(client, parent.info.run_id, "paper_table.csv", tmp_path / "b")))
+    )
+    assert {(r["dataset"], r["temperature"]) for r in table} == {(d, t) for d in DATASETS for t in ("0", "1")}
+    assert {r["records"] for r in table if r["dataset"] != "mt-bench"} == {"2"}
+    assert {r["records"] for r in table if r["dataset"] == "mt-bench"} == {"4"}  # two conversations, two turns each
+    page = parent.data.tags["mlflow.note.content"]
+    assert page.startswith("### The paper's table: tiny_trained") and "| mt-bench |" in page
+
+    # The shards of gsm8k at T = 1 decode exactly the records of the whole job, and merge into its figures.
+    shards = run_orchestrator(
+        paper_args(tmp_path, mlflow_server, "shards", "experiment.prompts=gsm8k", "decode.temperature=1",
+                   "experiment.shard=0/2,1/2"),
+        tmp_path, timeout=600,
+    )  # fmt: skip
+    assert shards.returncode == 0, shards.stdout + shards.stderr
+    candidates = [client.get_run(run_id) for run_id in reused.values()] + list(decoded.values())
+    whole_run = next(
+        r.info.run_id for r in candidates
+        if (r.data.params["experiment.prompts"], r.data.params["decode.temperature"]) == ("gsm8k", "1")
+    )  # fmt: skip
+    whole = tokens_by_record(artifact_text(client, whole_run, "generations.jsonl", tmp_path / "c"))
+    pieces: dict[str, dict[str, list[int]]] = {}
+    shard_parent = parent_of(tmp_path, "shards")
+    for n, run in jobs_of(client, shard_parent).items():
+        pieces |= tokens_by_record(artifact_text(client, run.info.run_id, "generations.jsonl", tmp_path / f"d{n}"))
+    assert pieces == whole and len(whole) == 2
+    merged = list(csv.DictReader(io.StringIO(artifact_text(client, shard_parent, "paper_table.csv", tmp_path / "e"))))
+    alone = {r["method"]: r for r in table if (r["dataset"], r["temperature"]) == ("gsm8k", "1")}
+    assert [(r["dataset"], r["records"]) for r in merged] == [("gsm8k", "2"), ("gsm8k", "2")]
+    for row in merged:  # tau rests on the tokens alone (speed is timing, measured again: the best budget may move)
+        if row["tree_budget"] == alone[row["method"]]["tree_budget"]:
+            assert row["tau"] == alone[row["method"]]["tau"]

@@ -1,0 +1,117 @@
+"""A sweep run again: which earlier run may stand for a job (its settings digest, checked against the run's own
+params), the parent's record of reused jobs; and the sweep's plan and GPU-time estimate."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.entities import Param, RunTag
+from mlflow.tracking import MlflowClient
+
+from orchestrator.sweep.plan import gpu_time, make_plan, progress_line
+from orchestrator.sweep.resume import find_finished, reused_jobs, reused_tag, why_not
+from orchestrator.tracking import tags
+from orchestrator.tracking.settings_digest import PROMPTS_DIGEST, config_hash, settings_params
+from tests.paper_mirror import build_mirror
+
+RESOLVED = {
+    "experiment": {"name": "ddtree_gdn", "prompts": "gsm8k", "datasets_dir": "/a", "num_prompts": 2, "shard": None},
+    "model": {"name": "tiny_trained", "dtype": "float32"},
+    "decode": {"temperature": 0.0, "tree_budgets": [64, 1024], "max_new_tokens": 2048},
+    "probe": {"tree_size": 8},
+    "seed": 0,
+    "host": {"name": "kpro5", "env": {"HF_TOKEN": "hf_x"}},
+    "tracking": {"uri": "http://a"},
+}
+
+
+def test_the_digest_covers_what_decides_the_figures_and_nothing_else() -> None:
+    base = settings_params(RESOLVED, "prompts text")
+    assert base["decode.tree_budgets"] == "[64, 1024]" and base[PROMPTS_DIGEST] != "none"
+    assert not any(k.startswith(("host.", "tracking.")) for k in base) and "experiment.datasets_dir" not in base
+    moved = {**RESOLVED, "experiment": {**RESOLVED["experiment"], "datasets_dir": "/b"}, "host": {"name": "other"}}
+    assert config_hash(settings_params(moved, "prompts text")) == config_hash(base)  # where from: not the figures
+    for changed in (
+        {**RESOLVED, "seed": 1},
+        {**RESOLVED, "decode": {**RESOLVED["decode"], "temperature": 1.0}},
+        {**RESOLVED, "experiment": {**RESOLVED["experiment"], "shard": "0/2"}},
+    ):
+        assert config_hash(settings_params(changed, "prompts text")) != config_hash(base)
+    assert config_hash(settings_params(RESOLVED, "other prompts")) != config_hash(base)
+    assert config_hash(dict(reversed(list(base.items())))) == config_hash(base)
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> MlflowClient:
+    return MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlruns.db'}")
+
+
+def job_run(
+    client: MlflowClient, experiment: str, params: dict[str, str], status: str = "FINISHED", **extra: str
+) -> str:
+    run = client.create_run(experiment, tags={tags.CONFIG_HASH: config_hash(params), **extra})
+    client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in params.items()])
+    client.set_terminated(run.info.run_id, status)
+    return run.info.run_id
+
+
+def test_a_run_is_reused_only_when_its_own_params_hold_the_settings(client: MlflowClient) -> None:
+    experiment = client.create_experiment("e")
+    wanted = settings_params(RESOLVED, "text")
+    assert find_finished(client, experiment, wanted) is None
+    job_run(client, experiment, wanted, status="FAILED")
+    job_run(client, experiment, wanted, **{tags.SCOPE: "ar"})  # a method's run, not a job's
+    forged = client.create_run(experiment, tags={tags.CONFIG_HASH: config_hash(wanted)})  # the tag alone
+    client.log_batch(forged.info.run_id, params=[Param(k, "x") for k in wanted])
+    client.set_terminated(forged.info.run_id, "FINISHED")
+    assert find_finished(client, experiment, wanted) is None
+    assert why_not(client.get_run(forged.info.run_id), wanted).startswith("its params differ (")
+    good = job_run(client, experiment, wanted)
+    found = find_finished(client, experiment, wanted)
+    assert found is not None and found.run_id == good
+    other = settings_params({**RESOLVED, "seed": 3}, "text")
+    assert find_finished(client, experiment, other) is None
+
+
+def test_the_parents_record_of_reused_jobs_is_read_as_numbers_and_ids(client: MlflowClient) -> None:
+    experiment = client.create_experiment("e")
+    parent = client.create_run(experiment)
+    client.log_batch(
+        parent.info.run_id,
+        tags=[RunTag(reused_tag(3), "abc123"), RunTag(reused_tag(4), "x;rm -rf"), RunTag("sweep.reused.x", "a")],
+    )
+    assert reused_jobs(client.get_run(parent.info.run_id)) == {3: "abc123"}
+
+
+def test_the_plan_counts_each_jobs_records_from_its_prompt_set(tmp_path: Path) -> None:
+    mirror = build_mirror(tmp_path / "datasets", rows_per_set=3)
+    base = {"experiment": {"prompts": None, "datasets_dir": str(mirror), "num_prompts": 2, "shard": None},
+            "decode": {"tree_budgets": [64, 1024], "repeats": 1}}  # fmt: skip
+    jobs = [
+        {"experiment.prompts": "gsm8k", "decode.temperature": "0"},
+        {"experiment.prompts": "mt-bench", "decode.temperature": "1"},
+        {"experiment.prompts": "mt-bench", "experiment.shard": "1/2", "decode.tree_budgets": "[4,8,16]"},
+        {"experiment.prompts": "nope"},
+    ]
+    plan = make_plan(base, jobs[:3])
+    assert plan.records == [2, 4, 2] and plan.methods == [4, 4, 5]
+    assert plan.line() == "plan: 3 jobs · 8 records · 34 decodes (a method over a record)"
+    unknown = make_plan(base, jobs)
+    assert unknown.records[3] is None and unknown.decodes is None and "not known here" in unknown.line()
+
+
+def test_the_estimate_is_the_time_per_record_so_far_times_the_records_left(client: MlflowClient) -> None:
+    experiment = client.create_experiment("e")
+    parent = client.create_run(experiment).info.run_id
+    now = int(time.time() * 1000)
+    for job, seconds in ((0, 20), (1, 40)):  # 60 s over 2 + 4 records: 10 s a record
+        run = client.create_run(experiment, start_time=now, tags={tags.PARENT_RUN_ID: parent, tags.SWEEP_JOB: str(job)})
+        client.set_terminated(run.info.run_id, "FINISHED", end_time=now + seconds * 1000)
+    running = client.create_run(experiment, start_time=now, tags={tags.PARENT_RUN_ID: parent, tags.SWEEP_JOB: "2"})
+    client.set_tag(parent, reused_tag(3), "abc")
+    line = progress_line(client, parent, [2, 4, 30, 100])
+    assert running.info.end_time is None
+    assert line == "plan: 3 of 4 jobs ended (1 reused) · 60 GPU-s so far · about 5.0 GPU-min left (10.00 s per record)"
+    assert gpu_time(59) == "59 GPU-s" and gpu_time(600) == "10.0 GPU-min" and gpu_time(36000) == "10.0 GPU-h"
