@@ -97,7 +97,7 @@ def test_a_paper_sweep_stopped_and_run_again_decodes_only_what_is_missing(
     decoded = jobs_of(client, parent.info.run_id)
     assert set(decoded) == set(range(20)) - finished, "nothing decoded twice, nothing missing"
     assert result.stdout.count("· already FINISHED with these") == len(finished)
-    assert f"plan: 20 of 20 jobs ended ({len(finished)} reused)" in result.stdout
+    assert f"plan: 20/20 jobs done ({len(finished)} reused) in" in result.stdout
     assert parent.info.status == "FINISHED"
 
     # Its page holds all twenty: the job table and the paper's table, every dataset at both temperatures.

@@ -113,5 +113,5 @@ def test_the_estimate_is_the_time_per_record_so_far_times_the_records_left(clien
     client.set_tag(parent, reused_tag(3), "abc")
     line = progress_line(client, parent, [2, 4, 30, 100])
     assert running.info.end_time is None
-    assert line == "plan: 3 of 4 jobs ended (1 reused) · 60 GPU-s so far · about 5.0 GPU-min left (10.00 s per record)"
+    assert line == "plan: 3/4 jobs done (1 reused) in 60 GPU-s · about 5.0 GPU-min left (10.0 s a record)"
     assert gpu_time(59) == "59 GPU-s" and gpu_time(600) == "10.0 GPU-min" and gpu_time(36000) == "10.0 GPU-h"

@@ -272,8 +272,13 @@ def test_a_forged_slurm_job_id_leaves_the_decoy_job_running(
     cancel every job): `cancel=` refuses in one line, scancels nothing, and the decoy runs on."""
     monkeypatch.setenv("SLURM_CONF", slurm_cluster.conf)
     decoy = slurm_cluster.command(
-        "sbatch", "--parsable", f"--partition={slurm_cluster.partition}", "--wrap", "sleep 600"
-    ).strip()
+        "sbatch",
+        "--parsable",
+        f"--partition={slurm_cluster.partition}",
+        f"--output={tmp_path / 'decoy.out'}",
+        "--wrap",
+        "sleep 600",
+    ).strip()  # its output file in the test's folder, never the checkout
     try:
         wait("the decoy job", lambda: "RUNNING" in slurm_cluster.command("squeue", "-h", "-j", decoy, "-o", "%T"), 60)
         client = MlflowClient(tracking_uri=mlflow_server.uri)

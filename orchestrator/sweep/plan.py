@@ -6,7 +6,7 @@ cannot be read here leaves its jobs' records unknown, never guessed). The per-jo
 
 As each job ends: the GPU-time the sweep's jobs have taken so far (each job holds one GPU lease from its
 run's start to its end) over the records they decoded gives the time per record, and the records of the jobs
-not yet ended give the estimate: `plan: 3 of 20 jobs ended · 14.2 GPU-min so far · about 80 GPU-min left`.
+not yet ended give the estimate: `plan: 3/20 jobs done in 14.2 GPU-min · about 80.0 GPU-min left (2.3 s a record)`.
 A job reused from an earlier sweep took no time here and counts as done.
 """
 
@@ -101,13 +101,13 @@ def progress_line(client: MlflowClient, parent_run_id: str, records: Sequence[in
     numbers = {n for r in ended if (n := _job(r.data.tags.get(SWEEP_JOB))) is not None}
     done = numbers | reused
     of_them = f" ({len(reused)} reused)" if reused else ""
-    line = f"plan: {len(done)} of {counted(len(records), 'job')} ended{of_them} · {gpu_time(seconds)} so far"
+    line = f"plan: {len(done)}/{len(records)} jobs done{of_them} in {gpu_time(seconds)}"  # 80 columns, whole
     decoded = sum(records[n] or 0 for n in numbers if n < len(records))
     if not decoded or any(r is None for r in records):
         return line
     per_record = seconds / decoded
     left = sum(r or 0 for n, r in enumerate(records) if n not in done)
-    return line + f" · about {gpu_time(left * per_record)} left ({per_record:.2f} s per record)"
+    return line + f" · about {gpu_time(left * per_record)} left ({per_record:.1f} s a record)"
 
 
 def gpu_time(seconds: float) -> str:
