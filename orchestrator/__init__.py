@@ -5,7 +5,7 @@ are layers, each importing only those below it (tests/test_architecture.py holds
 
     cli        the entry point and the commands (run, detach, attach, cancel, list, logs)
     lifecycle  one run's phases, what each failure means, Ctrl-C, the live terminal view
-    sweep      Hydra multiruns: the parent run, a job's membership and host, the sweep's summary
+    sweep      Hydra multiruns: the parent run, a job's membership and host, the sweep's summary, the paper's table
     stream     the worker's events: parsed, mirrored locally, applied to MLflow exactly once
     tracking   MLflow: the client, a job's run, tags, statuses, the job's summary and plots
     host       where the worker runs: the Transport interface, local and SSH, sync, preflight, launch

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from orchestrator.paper.table import DATASETS
+from orchestrator.sweep.paper.table import DATASETS
 from tests.conftest import MlflowServer, group_alive, run_orchestrator, start_orchestrator
 from tests.paper_mirror import build_mirror
 

@@ -10,8 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.paper.figures import MethodRecord, Record, RecordsDisagree, best_ddtree, cell, merge, read_records
-from orchestrator.paper.table import DATASETS, JobRecords, entries, markdown, paper_figures, write_csv
+from orchestrator.sweep.paper.figures import (
+    MethodRecord,
+    Record,
+    RecordsDisagree,
+    best_ddtree,
+    cell,
+    merge,
+    read_records,
+)
+from orchestrator.sweep.paper.table import DATASETS, JobRecords, entries, markdown, paper_figures, write_csv
 from orchestrator.sweep.summary import CUT_NOTE, fitted
 
 

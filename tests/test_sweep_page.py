@@ -225,8 +225,12 @@ def test_a_grid_axis_the_command_line_fixes_is_not_swept() -> None:
         "overrides": {"task": ["model=tiny_trained", "decode.block_size=4,8"]},
         "runtime": {"choices": {"hydra/sweeper": "basic"}},
     }
-    jobs, swept = _grid(OmegaConf.create({"hydra": hydra}))
+    jobs, swept, grid = _grid(OmegaConf.create({"hydra": hydra}))
     assert (jobs, swept) == (4, ["decode.temperature", "decode.block_size"])
+    # each job's own overrides, in launch order (the plan reads each job's prompt set from them)
+    assert [(job["model"], job["decode.temperature"], job["decode.block_size"]) for job in grid] == [
+        ("tiny_trained", t, b) for t in ("0", "1") for b in ("4", "8")
+    ]
     assert sweep_name(swept, jobs).startswith("sweep of temperature × block_size · 4 jobs · ")
 
 

@@ -20,8 +20,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from orchestrator.paper.page import paper_section
 from orchestrator.sweep.page import FIGURES, description, fastest, figure_cells, grid_params, job_metrics
+from orchestrator.sweep.paper.page import paper_section
 from orchestrator.sweep.plot import plot_sweep
 from orchestrator.sweep.rows import Row, short_names, sweep_rows, varying_keys
 from orchestrator.tracking import tags as mlflow_tags

@@ -20,8 +20,8 @@ import matplotlib.pyplot as plt
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from orchestrator.paper.figures import RecordsDisagree
-from orchestrator.paper.table import (
+from orchestrator.sweep.paper.figures import RecordsDisagree
+from orchestrator.sweep.paper.table import (
     DATASETS,
     PAPER_MODELS,
     Entry,

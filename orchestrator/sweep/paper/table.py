@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from orchestrator.paper.figures import Cell, Record, best_ddtree, cell, merge, read_records
+from orchestrator.sweep.paper.figures import Cell, Record, best_ddtree, cell, merge, read_records
 from remote_worker.decoding.bootstrap import Interval
 
 DATASETS = ("gsm8k", "math500", "aime24", "aime25", "humaneval", "mbpp", "livecodebench", "swe-bench", "mt-bench",
@@ -42,7 +42,7 @@ class PaperFigure:
 
 def paper_figures() -> dict[tuple[str, str, float, str], PaperFigure]:
     """(paper model, dataset, temperature, method) -> the paper's figure, from the data file shipped here."""
-    text = resources.files("orchestrator.paper").joinpath(FIGURES_FILE).read_text(encoding="utf-8")
+    text = resources.files("orchestrator.sweep.paper").joinpath(FIGURES_FILE).read_text(encoding="utf-8")
     rows = csv.DictReader(line for line in io.StringIO(text) if not line.startswith("#"))
     return {
         (r["paper_model"], r["dataset"], float(r["temperature"]), r["method"]): PaperFigure(
