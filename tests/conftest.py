@@ -93,6 +93,7 @@ def start_orchestrator(args: Sequence[str], cwd: Path, own_group: bool = False) 
     Ctrl-C to the whole group (parallel launchers' worker processes included)."""
     pythonpath = os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": pythonpath, "PYTHONUNBUFFERED": "1", "COLUMNS": "120"}
+    env["HF_DATASETS_CACHE"] = str(cwd / "hf-datasets-cache")  # a paper set's prepared copy: the test's, not the user's
     return subprocess.Popen(
         [sys.executable, "-m", "orchestrator", *args, f"hydra.run.dir={cwd / 'hydra'}"],
         cwd=cwd,

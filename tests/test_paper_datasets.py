@@ -239,6 +239,23 @@ def test_the_ids_are_stable_and_positions_in_the_chosen_list(tmp_path: Path) -> 
     assert load_paper_set("gsm8k", root) == first  # the same rows under the same ids, read afresh
 
 
+@pytest.mark.parametrize("name", ["gsm8k", "mt-bench", "livecodebench"])  # a config, a card without one, json
+def test_a_mirror_changed_in_place_or_a_second_mirror_is_read_afresh(tmp_path: Path, name: str) -> None:
+    """Every read below shares one `datasets` cache, as a user's runs do. `datasets` keys a local folder's
+    prepared copy on neither its path nor its files, so each of these was read from the first copy (a sweep
+    over a 6-row mirror decoded a 3-row mirror's prompts)."""
+
+    def read(root: Path) -> list[int]:
+        paper_datasets._load.cache_clear()  # a new process: only `datasets`' cache is left
+        return _marks(load_paper_set(name, root))
+
+    assert read(build_mirror(tmp_path / "a", rows={name: _marked_rows(name, 3)})) == [0, 1, 2]
+    assert read(build_mirror(tmp_path / "b", rows={name: _marked_rows(name, 5)})) == [0, 1, 2, 3, 4]  # a second
+    in_place = build_mirror(tmp_path / "a", rows={name: _marked_rows(name, 4)})  # downloaded again, newer rows
+    assert read(in_place) == [0, 1, 2, 3]
+    assert read(tmp_path / "b") == [0, 1, 2, 3, 4]  # unchanged: its own copy, still right
+
+
 def test_a_missing_mirror_is_one_line_naming_the_repo_and_the_download(tmp_path: Path) -> None:
     with pytest.raises(PromptSetError) as caught:
         load_paper_set("gsm8k", tmp_path)
@@ -283,8 +300,10 @@ def test_a_mirror_datasets_cannot_read_is_one_line(tmp_path: Path) -> None:
 def test_the_hub_is_read_with_the_reference_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[Any, ...]] = []
 
-    def fake_load(path: str, name: str | None = None, *, split: str, data_files: Any = None) -> datasets.Dataset:
-        calls.append((path, name, split, data_files))
+    def fake_load(
+        path: str, name: str | None = None, *, split: str, data_files: Any = None, cache_dir: str | None = None
+    ) -> datasets.Dataset:
+        calls.append((path, name, split, data_files, cache_dir))
         if path == "json":
             return datasets.Dataset.from_list([livecodebench_row(0)])
         return datasets.Dataset.from_list([mt_bench_row(0) if path.endswith("mt_bench_prompts") else gsm8k_row(0)])
@@ -302,9 +321,9 @@ def test_the_hub_is_read_with_the_reference_arguments(monkeypatch: pytest.Monkey
     load_paper_set("livecodebench", None)
     files = ["test.jsonl", "test2.jsonl", "test3.jsonl", "test4.jsonl", "test5.jsonl", "test6.jsonl"]
     assert calls == [
-        ("openai/gsm8k", "main", "test", None),
-        ("HuggingFaceH4/mt_bench_prompts", None, "train", None),
-        ("json", None, "train", [f"/cache/{file}" for file in files]),
+        ("openai/gsm8k", "main", "test", None, None),  # the hub's copies: `datasets`' own cache, by revision
+        ("HuggingFaceH4/mt_bench_prompts", None, "train", None, None),
+        ("json", None, "train", [f"/cache/{file}" for file in files], None),
     ]
     assert downloads == [("livecodebench/code_generation_lite", file, "dataset", False) for file in files]
 

@@ -152,6 +152,26 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
+def mirror_cache(folder: Path, cache_root: Path) -> Path:
+    """Where `datasets` keeps its prepared copy of the mirrored repository `folder`: under `cache_root`, in a
+    folder named by a digest of the mirror's path and of its files' names, sizes and modification times.
+
+    `datasets` keys a local folder's prepared copy on neither the folder's path nor its files: a mirror
+    updated in place, or a second mirror of the same repository, was read from the first one's copy (a sweep
+    over a 6-row mirror decoded the 3 rows of a mirror made earlier elsewhere). Dot folders (`hf download`'s
+    own `.cache/`) are left out: they are bookkeeping, not data."""
+    import hashlib
+
+    digest = hashlib.sha256(str(folder.resolve()).encode())
+    for path in sorted(folder.rglob("*")):
+        relative = path.relative_to(folder)
+        if any(part.startswith(".") for part in relative.parts) or not path.is_file():
+            continue
+        stat = path.stat()
+        digest.update(f"\0{relative.as_posix()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
+    return cache_root / "mirrors" / f"{folder.name}-{digest.hexdigest()[:16]}"
+
+
 def _rows(paper_set: PaperSet, datasets_dir: Path | None) -> Any:
     """The set's whole split as a `datasets.Dataset`, from the hub or the mirror under `datasets_dir`."""
     import datasets
@@ -172,15 +192,18 @@ def _rows(paper_set: PaperSet, datasets_dir: Path | None) -> Any:
     else:
         where = "from the Hugging Face hub"
     try:
+        # A mirror's prepared copy is keyed on its files (`mirror_cache`); the hub's on the repository's revision.
+        root = Path(datasets.config.HF_DATASETS_CACHE)
+        cache = None if datasets_dir is None else str(mirror_cache(datasets_dir / repo, root))
         if not paper_set.files:
             source = str(datasets_dir / repo) if datasets_dir is not None else repo
-            return datasets.load_dataset(source, paper_set.config, split=paper_set.split)
+            return datasets.load_dataset(source, paper_set.config, split=paper_set.split, cache_dir=cache)
         if datasets_dir is not None:
             files = [str(datasets_dir / repo / file) for file in paper_set.files]
         else:  # through the hub's cache, so a set read once is there offline too (offline as `datasets` says)
             offline = datasets.config.HF_HUB_OFFLINE
             files = [hf_hub_download(repo, f, repo_type="dataset", local_files_only=offline) for f in paper_set.files]
-        return datasets.load_dataset("json", data_files=files, split=paper_set.split)
+        return datasets.load_dataset("json", data_files=files, split=paper_set.split, cache_dir=cache)
     except (OSError, ValueError, HTTPError, DatasetsError) as exc:  # no hub, offline without a cache, a bad mirror
         cause = exc.__cause__ if isinstance(exc, DatasetGenerationError) and exc.__cause__ else exc  # the real one
         raise PromptSetError(
