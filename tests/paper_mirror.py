@@ -176,9 +176,10 @@ def _chunks(rows: list[Row], parts: int) -> list[list[Row]]:
 def build_mirror(root: Path, rows_per_set: int = 3, rows: Mapping[str, list[Row]] | None = None) -> Path:
     """Mirrors of all ten repositories under `root` (the datasets folder), and `root`.
 
-    Each set's benchmark split gets `rows_per_set` synthetic rows, or the rows `rows` gives under the set's
-    name (LiveCodeBench's are cut into six consecutive runs, one per file, test.jsonl first, so read in file
-    order they are the list's order). The other configs and splits hold decoys tagged `WRONG`."""
+    Each set's benchmark split gets `rows_per_set` synthetic rows (LiveCodeBench: each of its six files), or
+    the rows `rows` gives under the set's name (LiveCodeBench's are cut into six consecutive runs, one per
+    file, test.jsonl first, so read in file order they are the list's order). The other configs and splits
+    hold decoys tagged `WRONG`."""
     given = dict(rows or {})
 
     def main(name: str) -> list[Row]:

@@ -114,4 +114,9 @@ def test_the_estimate_is_the_time_per_record_so_far_times_the_records_left(clien
     line = progress_line(client, parent, [2, 4, 30, 100])
     assert running.info.end_time is None
     assert line == "plan: 3/4 jobs done (1 reused) in 60 GPU-s · about 5.0 GPU-min left (10.0 s a record)"
+    client.set_terminated(running.info.run_id, "FINISHED", end_time=now + 300 * 1000)  # 360 s over 36 records
+    assert (
+        progress_line(client, parent, [2, 4, 30, 100])
+        == "plan: 4/4 jobs done (1 reused) in 6.0 GPU-min (10.0 s a record)"
+    )
     assert gpu_time(59) == "59 GPU-s" and gpu_time(600) == "10.0 GPU-min" and gpu_time(36000) == "10.0 GPU-h"

@@ -107,6 +107,8 @@ def progress_line(client: MlflowClient, parent_run_id: str, records: Sequence[in
         return line
     per_record = seconds / decoded
     left = sum(r or 0 for n, r in enumerate(records) if n not in done)
+    if not left:  # the last job: what it all took, no estimate of nothing
+        return line + f" ({per_record:.1f} s a record)"
     return line + f" · about {gpu_time(left * per_record)} left ({per_record:.1f} s a record)"
 
 
