@@ -55,6 +55,21 @@ def tracking(monkeypatch: pytest.MonkeyPatch):
     return fake
 
 
+@pytest.fixture
+def datasets_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """`datasets` writes its prepared copies of the paper's sets under a temporary folder, not the user's cache,
+    and the sets are read afresh: nothing is remembered from one test to the next."""
+    import datasets
+
+    from orchestrator.config import paper_datasets
+
+    folder = tmp_path_factory.mktemp("hf_datasets_cache")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", folder)
+    paper_datasets._load.cache_clear()
+    yield folder
+    paper_datasets._load.cache_clear()
+
+
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
     """`mlflow server` with an SQLite store and proxied artifacts, on 127.0.0.1 only; stopped after the session."""

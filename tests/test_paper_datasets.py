@@ -9,7 +9,6 @@ order or seed fails here.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,14 +47,7 @@ HUMANEVAL = "Write a solution to the following problem and make sure that it pas
 STARTER = "class Solution:\n    def f(self, s: str) -> int:\n        "
 
 
-@pytest.fixture(autouse=True)
-def _fresh(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """`datasets` writes its prepared copies under a temporary folder, not the user's cache; nothing is
-    remembered from one test to the next."""
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path_factory.mktemp("hf_datasets_cache"))
-    paper_datasets._load.cache_clear()
-    yield
-    paper_datasets._load.cache_clear()
+pytestmark = pytest.mark.usefixtures("datasets_cache")  # tests/conftest.py: a cache of their own, read afresh
 
 
 def user(content: str, prompt_id: str, *followups: str) -> Prompt:

@@ -85,6 +85,7 @@ def test_the_parents_record_of_reused_jobs_is_read_as_numbers_and_ids(client: Ml
     assert reused_jobs(client.get_run(parent.info.run_id)) == {3: "abc123"}
 
 
+@pytest.mark.usefixtures("datasets_cache")
 def test_the_plan_counts_each_jobs_records_from_its_prompt_set(tmp_path: Path) -> None:
     mirror = build_mirror(tmp_path / "datasets", rows_per_set=3)
     base = {"experiment": {"prompts": None, "datasets_dir": str(mirror), "num_prompts": 2, "shard": None},
