@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import difflib
-import json
 import math
 import re
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from orchestrator.config import host_values
-from orchestrator.config.checkpoints import local_checkpoint
+from orchestrator.config.model_shape import model_shape
 from orchestrator.config.prompt_lengths import PromptTooShort, prompt_lengths
 from orchestrator.config.prompts import resolve_prompts
 from orchestrator.config.settings import SYNC_METHODS, JobConfig
@@ -212,50 +210,6 @@ def _check_prompts(experiment: dict[str, Any]) -> None:
             raise ConfigError(
                 f"experiment.shard={shard} holds no prompt: the set has {counted(min(limit, len(prompts)), 'prompt')}"
             )
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What the orchestrator can know of the model before launch; None where its config is out of reach."""
-
-    name: str
-    vocab: int | None
-    context: int | None
-    block_size: int | None
-
-
-def _config_values(section: dict[str, Any], local: bool) -> dict[str, Any]:
-    """A model's (or draft's) config: inline, or the config.json of a checkpoint this machine can read (a
-    relative path names a fixture inside the worker's package; an absolute one is read when the host is
-    this machine). Empty when out of reach or unreadable: the worker reports a broken checkpoint."""
-    if section.get("source") == "config":
-        return dict(section.get("config") or {})
-    path = local_checkpoint(section, local)
-    if path is None:
-        return {}
-    try:
-        values = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return {}
-    return values if isinstance(values, dict) else {}
-
-
-def _positive(value: Any) -> int | None:
-    return value if _positive_int(value) else None
-
-
-def model_shape(container: dict[str, Any]) -> ModelShape:
-    """The vocabulary, the context and the draft's block size, where the config says them."""
-    model, local = container["model"], container["host"]["kind"] == "local"
-    target = _config_values(model, local)
-    text = target.get("text_config") if isinstance(target.get("text_config"), dict) else target
-    draft = _config_values(model["draft"], local) if isinstance(model.get("draft"), dict) else {}
-    dflash = draft.get("dflash_config") if isinstance(draft.get("dflash_config"), dict) else {}
-    block = container["decode"].get("block_size") or dflash.get("block_size") or draft.get("block_size")
-    return ModelShape(
-        str(model.get("name")), _positive(text.get("vocab_size")), _positive(text.get("max_position_embeddings")),
-        _positive(block),
-    )  # fmt: skip
 
 
 def _check_tree_budgets(container: dict[str, Any], budgets: list[int]) -> None:
