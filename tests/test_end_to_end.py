@@ -273,7 +273,8 @@ def test_decode_sweep_lands_as_child_runs(mlflow_server: MlflowServer, job_paths
     assert "| ddtree_tb32 |" in note and note.startswith("**DDTree-")  # the answer before the table
     # two prompts: no 95 % interval, so nothing is crowned, and the basis says why
     assert "best.method" not in tags and "best.speedup_vs_ar" not in metrics
-    assert tags["best.basis"].startswith("no method is crowned: ")
+    # (on a loaded machine every drafting method may run slower than AR, and the basis says that first)
+    assert re.match(r"(slower than AR, as is every drafting method here; )?no method is crowned: ", tags["best.basis"])
     assert tags["best.basis"].endswith(" on 2 prompts, too few for a 95 % interval (at least 5)")
     assert f"\n\nBest: {tags['best.basis']}.\n" in note
     assert re.fullmatch(r"\d\d-\d\d \d\d:\d\d · tiny_trained T=0", run.info.run_name), run.info.run_name

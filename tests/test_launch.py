@@ -18,7 +18,7 @@ from orchestrator.host.launch import start_worker, stop_worker, wait_for_start, 
 from orchestrator.host.local import LocalTransport
 from orchestrator.host.run_folder import ENV_FILE, EXIT_CODE_FILE, LEASE_FILE, PID_FILE, SPEC_FILE, worker_status
 from orchestrator.host.sync import remove_abandoned_parts
-from orchestrator.host.transport import CommandResult
+from orchestrator.host.transport import CommandFailed, CommandResult
 from tests.conftest import group_alive
 
 transport = LocalTransport()
@@ -287,3 +287,29 @@ def test_the_partial_upload_named_for_a_run_is_removed_and_no_other(tmp_path: Pa
     assert not remove_abandoned_parts(LocalTransport(), str(tmp_path), "run1")  # nothing left to remove
     with pytest.raises(ValueError):
         remove_abandoned_parts(LocalTransport(), str(tmp_path), "*")
+
+
+class TermedOnce(LocalTransport):
+    """A local host whose first `n` commands are killed by SIGTERM as they run, as Slurm's scancel kills every
+    process of the job's step (a status read in flight included) at the moment it signals the orchestrator."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.left = n
+
+    def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, check: bool = True) -> CommandResult:
+        if self.left > 0:
+            self.left -= 1
+            return super().run(["sh", "-c", 'kill -TERM "$$"'], env=env, check=check)  # a real shell, really killed
+        return super().run(argv, env=env, check=check)
+
+
+def test_a_status_read_killed_by_the_jobs_sigterm_is_asked_again(tmp_path: Path) -> None:
+    """One read killed by the SIGTERM (Slurm's cancel): asked once more, the status is the run folder's; killed
+    twice, it is a failed command, never a guess."""
+    run_dir = new_run(tmp_path)
+    (run_dir / EXIT_CODE_FILE).write_text("3\n")
+    status = worker_status(TermedOnce(1), str(run_dir))
+    assert (status.state, status.exit_code) == ("exited", 3)
+    with pytest.raises(CommandFailed):
+        worker_status(TermedOnce(2), str(run_dir))

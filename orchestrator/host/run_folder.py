@@ -7,10 +7,11 @@ following a link (`sh_read`), and every one that writes them writes whole (`sh_w
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 
 from orchestrator.config.handover import sh_read
-from orchestrator.host.transport import Transport
+from orchestrator.host.transport import CommandFailed, Transport
 
 SPEC_FILE = "spec.json"
 PID_FILE = "pid"
@@ -66,8 +67,21 @@ class WorkerStatus:
         return f"worker is {self.state}"
 
 
+# A local command killed by SIGTERM (-15 as Invoke reports it, 143 from a shell): Slurm's scancel signals every
+# process of the job's step at once, so a status read in flight dies with the orchestrator's own SIGTERM.
+_TERMINATED = (-signal.SIGTERM, 128 + signal.SIGTERM)
+
+
 def worker_status(transport: Transport, run_dir: str) -> WorkerStatus:
-    words = transport.run(["sh", "-c", _STATUS, "status", run_dir]).stdout.split()
+    """The worker's state as its run folder tells it. A read killed by the job's SIGTERM (above) is asked once
+    more: it only reads, and the signal was meant for the orchestrator, which is now stopping the worker."""
+    argv = ["sh", "-c", _STATUS, "status", run_dir]
+    result = transport.run(argv, check=False)
+    if result.exit_code in _TERMINATED:
+        result = transport.run(argv, check=False)
+    if not result.ok:
+        raise CommandFailed(argv, result)
+    words = result.stdout.split()
     state = words[0] if words else "missing"
     number = int(words[1]) if len(words) > 1 and words[1].lstrip("-").isdigit() else None
     if state == "exited":
