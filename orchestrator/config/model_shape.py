@@ -36,8 +36,13 @@ def _config_values(section: dict[str, Any], local: bool) -> dict[str, Any]:
     return values if isinstance(values, dict) else {}
 
 
+def positive_int(value: Any) -> bool:
+    """An int of at least 1, never a bool (a config's `true` is not a count)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
 def _positive(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+    return value if positive_int(value) else None
 
 
 def model_shape(container: dict[str, Any]) -> ModelShape:

@@ -25,6 +25,7 @@ read is one line naming the repository and the command that fetches it.
 from __future__ import annotations
 
 import functools
+import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,8 +161,6 @@ def mirror_cache(folder: Path, cache_root: Path) -> Path:
     updated in place, or a second mirror of the same repository, was read from the first one's copy (a sweep
     over a 6-row mirror decoded the 3 rows of a mirror made earlier elsewhere). Dot folders (`hf download`'s
     own `.cache/`) are left out: they are bookkeeping, not data."""
-    import hashlib
-
     digest = hashlib.sha256(str(folder.resolve()).encode())
     for path in sorted(folder.rglob("*")):
         relative = path.relative_to(folder)

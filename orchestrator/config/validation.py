@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from orchestrator.config import host_values
-from orchestrator.config.model_shape import model_shape
+from orchestrator.config.model_shape import model_shape, positive_int
 from orchestrator.config.prompt_lengths import PromptTooShort, prompt_lengths
 from orchestrator.config.prompts import resolve_prompts
 from orchestrator.config.settings import SYNC_METHODS, JobConfig
@@ -136,10 +136,6 @@ def _index(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-
 def _host_value(key: str, value: Any, check: Callable[[Any], Any], what: str = "") -> None:
     """One host value through its schema (`host_values.py`, shared with the tags a run records)."""
     try:
@@ -163,7 +159,7 @@ def _check_ssh_host(container: dict[str, Any]) -> None:
         if _number(container, key, minimum=0) == 0:
             raise ConfigError(f"{key} must be > 0")
     count = _get(container, "host.keepalive_count_max")
-    if not _positive_int(count):
+    if not positive_int(count):
         raise ConfigError(f"host.keepalive_count_max={count!r} must be a whole number >= 1")
     _number(container, "host.reconnect_budget_s", minimum=0)
     _choice(container, "host.sync", SYNC_METHODS)
@@ -261,7 +257,7 @@ def _check_node_cost(container: dict[str, Any], launching: bool) -> None:
     by the worker, which says so)."""
     experiment = {"experiment": container["experiment"]}
     context = container["experiment"].get("context")
-    if context is not None and not _positive_int(context):
+    if context is not None and not positive_int(context):
         raise ConfigError(f"experiment.context={context!r} must be null (the prompt's own length) or an integer >= 1")
     _number(experiment, "experiment.max_size", minimum=1, integer=True)
     if _number(experiment, "experiment.repeats", minimum=1, integer=True) > 1000:
@@ -345,7 +341,7 @@ def resolve_config(cfg: DictConfig) -> dict[str, Any]:
     _number(container, "decode.temperature", minimum=0)
     _number(container, "decode.max_new_tokens", minimum=1, integer=True)
     budgets = _get(container, "decode.tree_budgets")
-    if not isinstance(budgets, list) or not budgets or not all(_positive_int(b) for b in budgets):
+    if not isinstance(budgets, list) or not budgets or not all(positive_int(b) for b in budgets):
         raise ConfigError(f"decode.tree_budgets={budgets!r} must be a non-empty list of positive integers")
     if len(set(budgets)) < len(budgets):
         twice = next(b for b in budgets if budgets.count(b) > 1)
