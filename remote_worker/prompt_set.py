@@ -1,5 +1,11 @@
 """Prompt sets: a JSONL file of conversations, one a line — `{"id": "...", "messages": [{"role", "content"}]}`.
 
+A line ends at `\n` and nowhere else (JSON Lines): a JSON text holds no raw newline, so that split can never
+cut a record, while `str.splitlines` also breaks on U+2028, U+2029, U+0085, form feeds and the other
+separators that scraped text carries inside its strings. The file this side writes (`to_jsonl`) escapes
+everything outside ASCII as well, so any reader splits it the same way; a leading BOM is skipped, a CR
+before the `\n` is JSON whitespace.
+
 A multi-turn conversation (MT-Bench) adds `"followups": ["turn 2", ...]`: the user's later turns. Each turn is
 decoded as its own record; before turn k+1 one answer to turn k (the last method's) becomes the assistant
 turn, so every method decodes the later turn from the same history (`Prompt.next_turn`).
@@ -55,6 +61,22 @@ class Prompt:
         return Prompt(id=self.id, messages=messages, line=self.line, followups=self.followups[1:])
 
 
+def unencodable(text: str) -> str | None:
+    """Why `text` cannot reach a tokenizer, or None: a lone surrogate (from a `\\ud800` escape in JSON, or a
+    string decoded with `surrogateescape`) has no UTF-8 form, and every tokenizer encodes UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"a lone surrogate U+{ord(text[exc.start]):04X} at character {exc.start}, which has no UTF-8 form"
+    return None
+
+
+def _encodable(text: str, what: str) -> None:
+    reason = unencodable(text)
+    if reason is not None:
+        raise ValueError(f"{what} holds {reason}")
+
+
 def _prompt(raw: Any, number: int) -> Prompt:
     if not isinstance(raw, dict):
         raise ValueError("a line must be a JSON object")
@@ -66,6 +88,7 @@ def _prompt(raw: Any, number: int) -> Prompt:
             raise ValueError("each message needs a role and a content")
         if not isinstance(message["role"], str) or not isinstance(message["content"], str):
             raise ValueError("a message's role and content must be strings")
+        _encodable(message["content"], "a message's content")
     prompt_id = raw.get("id", f"prompt-{number}")
     if not isinstance(prompt_id, (str, int)) or isinstance(prompt_id, bool) or not str(prompt_id).strip():
         raise ValueError('"id" must be a non-empty string')
@@ -73,6 +96,8 @@ def _prompt(raw: Any, number: int) -> Prompt:
     followups = raw.get("followups", [])
     if not isinstance(followups, list) or not all(isinstance(turn, str) for turn in followups):
         raise ValueError('"followups" must be a list of strings (the user\'s later turns)')
+    for turn in followups:
+        _encodable(turn, "a followup")
     if followups and messages[-1]["role"] != "user":
         raise ValueError('a conversation with "followups" must end with a user turn')
     return Prompt(id=str(prompt_id), messages=messages, line=number, followups=tuple(followups))
@@ -82,8 +107,8 @@ def parse_prompts(text: str, source: str) -> list[Prompt]:
     """Every conversation of a JSONL text (blank lines skipped); `source` names it in errors."""
     prompts: list[Prompt] = []
     seen: dict[str, int] = {}
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
+    for number, line in enumerate(text.removeprefix("\ufeff").split("\n"), start=1):
+        if not line.strip(" \t\r"):
             continue
         try:
             prompt = _prompt(json.loads(line), number)
@@ -112,4 +137,20 @@ def load_prompt_file(path: Path, limit: int | None = None) -> list[Prompt]:
 
 
 def to_jsonl(prompts: list[Prompt]) -> str:
-    return "".join(json.dumps(p.as_record(), ensure_ascii=False) + "\n" for p in prompts)
+    """The prompts as JSON Lines in ASCII: every other character escaped, so no reader finds a line break or
+    an encoding question inside a record."""
+    return "".join(json.dumps(p.as_record(), ensure_ascii=True) + "\n" for p in prompts)
+
+
+def round_trip(prompts: list[Prompt], source: str) -> str:
+    """`to_jsonl(prompts)`, proven to read back with the worker's own parser as the very same records: the
+    orchestrator calls this before anything starts on the host, so a file the worker cannot read costs no
+    GPU minute."""
+    text = to_jsonl(prompts)
+    back = parse_prompts(text, source)
+    for number, (sent, read) in enumerate(zip(prompts, back, strict=False), start=1):
+        if sent.as_record() != read.as_record():
+            raise PromptSetError(f"{source}: prompt {sent.id!r} (record {number}) does not read back as written")
+    if len(back) != len(prompts):
+        raise PromptSetError(f"{source}: {len(prompts)} prompts written, {len(back)} read back")
+    return text

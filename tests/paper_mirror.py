@@ -162,6 +162,36 @@ SYNTHETIC: Mapping[str, Callable[[int], Row]] = {
 }
 
 
+# Text a scraped dataset holds, in every prompt column of an `odd` mirror: each Unicode line and paragraph
+# separator (what `str.splitlines` breaks on besides \n), NUL, a BOM, CR and CRLF, zero-width and bidi marks,
+# a combining accent, astral emoji, CJK, and braces a template must not read.
+ODD_TEXT = (
+    " [\u2028 LS \u2029 PS \x85 NEL \x0b VT \x0c FF \x1c FS \x1d GS \x1e RS \r CR \r\n CRLF \x00 NUL"
+    ' \ufeff BOM \u200b ZWSP \u202e RLO \u202c e\u0301 中文 🧪 {x} {{}} \\ " \t]'
+)
+PROMPT_COLUMNS: Mapping[str, tuple[str, ...]] = {
+    "gsm8k": ("question",),
+    "math500": ("problem",),
+    "aime24": ("problem",),
+    "aime25": ("problem",),
+    "humaneval": ("prompt",),
+    "mbpp": ("prompt",),
+    "livecodebench": ("question_content", "starter_code"),
+    "swe-bench": ("problem_statement",),
+    "mt-bench": ("prompt",),
+    "alpaca": ("instruction", "input"),
+}
+
+
+def with_odd_text(name: str, row: Row) -> Row:
+    """`row` with ODD_TEXT after the text of each column the set's prompt reads (each turn of MT-Bench)."""
+    out = dict(row)
+    for column in PROMPT_COLUMNS[name]:
+        value = out.get(column)
+        out[column] = [turn + ODD_TEXT for turn in value] if isinstance(value, list) else (value or "") + ODD_TEXT
+    return out
+
+
 def _chunks(rows: list[Row], parts: int) -> list[list[Row]]:
     """`rows` cut into `parts` consecutive runs, the earlier ones one longer where they do not divide."""
     size, extra = divmod(len(rows), parts)
@@ -173,14 +203,24 @@ def _chunks(rows: list[Row], parts: int) -> list[list[Row]]:
     return out
 
 
-def build_mirror(root: Path, rows_per_set: int = 3, rows: Mapping[str, list[Row]] | None = None) -> Path:
+def build_mirror(
+    root: Path, rows_per_set: int = 3, rows: Mapping[str, list[Row]] | None = None, odd: bool = False
+) -> Path:
     """Mirrors of all ten repositories under `root` (the datasets folder), and `root`.
 
     Each set's benchmark split gets `rows_per_set` synthetic rows (LiveCodeBench: each of its six files), or
     the rows `rows` gives under the set's name (LiveCodeBench's are cut into six consecutive runs, one per
     file, test.jsonl first, so read in file order they are the list's order). The other configs and splits
-    hold decoys tagged `WRONG`."""
+    hold decoys tagged `WRONG`. `odd`: every synthetic row's prompt columns end with ODD_TEXT."""
     given = dict(rows or {})
+    if odd:
+        given = {
+            name: [
+                with_odd_text(name, row) for row in given.get(name, [SYNTHETIC[name](i) for i in range(rows_per_set)])
+            ]
+            for name in SYNTHETIC
+            if name != "livecodebench" or name in given
+        }
 
     def main(name: str) -> list[Row]:
         return given[name] if name in given else [SYNTHETIC[name](i) for i in range(rows_per_set)]
@@ -227,6 +267,8 @@ def build_mirror(root: Path, rows_per_set: int = 3, rows: Mapping[str, list[Row]
         per_file = _chunks(given["livecodebench"], len(LIVECODEBENCH_FILES))
     else:
         per_file = [[livecodebench_row(i, f"{name} ") for i in range(rows_per_set)] for name in LIVECODEBENCH_FILES]
+        if odd:
+            per_file = [[with_odd_text("livecodebench", row) for row in chunk] for chunk in per_file]
     for name, chunk in zip(LIVECODEBENCH_FILES, per_file, strict=True):
         _jsonl(repo / name, chunk)
     (repo / "code_generation_lite.py").write_text("raise RuntimeError('a loading script must not run')\n")

@@ -32,7 +32,7 @@ from pathlib import Path
 from string import Formatter
 from typing import Any
 
-from remote_worker.prompt_set import Prompt, PromptSetError
+from remote_worker.prompt_set import Prompt, PromptSetError, unencodable
 
 Row = Mapping[str, Any]
 
@@ -54,16 +54,30 @@ SHUFFLE_SEED = 0
 class _NoField(Exception):
     """A row lacks a field its prompt needs (or holds something other than the text the prompt reads)."""
 
-    def __init__(self, field: str, wanted: str = "text") -> None:
+    def __init__(self, field: str, wanted: str = "text", holds: str | None = None) -> None:
         super().__init__(field)
-        self.field, self.wanted = field, wanted
+        self.field, self.wanted, self.holds = field, wanted, holds
+
+    def says(self) -> str:
+        if self.holds is not None:
+            return f"holds {self.holds} in its field {self.field!r}"
+        return f"has no {self.wanted} in its field {self.field!r}"
+
+
+def _checked(field: str, value: str) -> str:
+    """`value`, when a tokenizer can encode it: every other character (line and paragraph separators, NUL,
+    a BOM, CR) travels as it is, escaped in the prompt file."""
+    reason = unencodable(value)
+    if reason is not None:
+        raise _NoField(field, holds=reason)
+    return value
 
 
 def _text(row: Row, field: str) -> str:
     value = row.get(field)
     if not isinstance(value, str):
         raise _NoField(field)
-    return value
+    return _checked(field, value)
 
 
 def _template(template: str) -> Callable[[Row], list[str]]:
@@ -91,7 +105,7 @@ def _mt_bench(row: Row) -> list[str]:
     turns = row.get("prompt")
     if not isinstance(turns, list) or not turns or not all(isinstance(turn, str) for turn in turns):
         raise _NoField("prompt", "list of turns")
-    return list(turns)
+    return [_checked("prompt", turn) for turn in turns]
 
 
 @dataclass(frozen=True)
@@ -210,6 +224,20 @@ def _rows(paper_set: PaperSet, datasets_dir: Path | None) -> Any:
         ) from exc
 
 
+def _row(rows: Any, i: int) -> Row:
+    """Row `i` as Python values; bytes that are not UTF-8 in a text column (Arrow stores them unchecked) name
+    the column instead of stopping the load with a traceback."""
+    try:
+        return rows[i]
+    except UnicodeDecodeError as exc:
+        for column in rows.column_names:
+            try:
+                rows.select_columns([column])[i]
+            except UnicodeDecodeError:
+                raise _NoField(column, holds=f"bytes that are not UTF-8 ({exc.reason})") from None
+        raise _NoField("?", holds=f"bytes that are not UTF-8 ({exc.reason})") from None
+
+
 @functools.cache  # keyed on (name, datasets_dir)
 def _load(name: str, datasets_dir: Path | None) -> tuple[Prompt, ...]:
     paper_set = _BY_NAME[name]
@@ -220,13 +248,12 @@ def _load(name: str, datasets_dir: Path | None) -> tuple[Prompt, ...]:
     if present:  # only what the prompt reads: LiveCodeBench's test cases are large (none: the rows report it)
         rows = rows.select_columns(present)
     prompts = []
-    for i, row in enumerate(rows):
+    for i in range(len(rows)):
         prompt_id = f"{name}-{i}"
         try:
-            first, *later = paper_set.turns(row)
+            first, *later = paper_set.turns(_row(rows, i))
         except _NoField as missing:
-            has = f"has no {missing.wanted} in its field {missing.field!r}"
-            raise PromptSetError(f"{name}: row {i} ({prompt_id}) of {paper_set.repo} {has}") from None
+            raise PromptSetError(f"{name}: row {i} ({prompt_id}) of {paper_set.repo} {missing.says()}") from None
         prompts.append(Prompt(id=prompt_id, messages=[{"role": "user", "content": first}], followups=tuple(later)))
     if not prompts:
         raise PromptSetError(f"{name}: {paper_set.repo} has no rows in its {paper_set.split} split")

@@ -24,7 +24,7 @@ from importlib import resources
 from pathlib import Path
 
 from orchestrator.config.paper_datasets import PAPER_SET_NAMES, load_paper_set
-from remote_worker.prompt_set import DEFAULT_PROMPTS, Prompt, PromptSetError, load_prompt_file, to_jsonl
+from remote_worker.prompt_set import DEFAULT_PROMPTS, Prompt, PromptSetError, load_prompt_file, round_trip
 
 NAMED_SETS = ("default", *PAPER_SET_NAMES, "humaneval_completion")
 HUMANEVAL_INSTRUCTION = "Complete this Python function.\n\n"
@@ -64,6 +64,7 @@ def resolve_prompts(value: str | None, datasets_dir: str | Path | None = None) -
 
 
 def prompts_file_text(value: str | None, datasets_dir: str | Path | None = None) -> str | None:
-    """The JSONL text to copy into the run folder, or None when the worker chooses."""
+    """The JSONL text to copy into the run folder, or None when the worker chooses: read back with the worker's
+    own parser first, so the worker never meets a file it cannot read."""
     prompts = resolve_prompts(value, datasets_dir)
-    return to_jsonl(prompts) if prompts is not None else None
+    return round_trip(prompts, f"the prompt file of experiment.prompts={value}") if prompts is not None else None

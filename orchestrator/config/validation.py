@@ -20,7 +20,7 @@ from orchestrator.config.prompt_lengths import PromptTooShort, prompt_lengths
 from orchestrator.config.prompts import resolve_prompts
 from orchestrator.config.settings import SYNC_METHODS, JobConfig
 from remote_worker.decoding.tree_limits import beyond_draft
-from remote_worker.prompt_set import PromptSetError
+from remote_worker.prompt_set import PromptSetError, round_trip
 from remote_worker.spec import DEVICES, DTYPES, EXPERIMENT_NAMES, MODEL_SOURCES
 from remote_worker.wording import counted
 
@@ -197,6 +197,8 @@ def _check_prompts(experiment: dict[str, Any]) -> None:
         raise ConfigError(f"experiment.prompts={value!r} must be a named set or a path to a JSONL file")
     try:
         prompts = resolve_prompts(value, datasets_dir)
+        if prompts is not None:  # the file the worker will read, read back here as the worker reads it
+            round_trip(prompts, f"the prompt file of experiment.prompts={value}")
     except PromptSetError as exc:
         raise ConfigError(f"experiment.prompts: {exc}") from exc
     if shard is not None and prompts is not None:
