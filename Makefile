@@ -29,9 +29,10 @@ sweep: $(STAMP)
 # Test processes at once: one per core, at most four (each test may start a worker, an MLflow server, an sshd).
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 4 ? n : 4 )))
 
-## test: the whole test suite, its independent tests in parallel (TEST_WORKERS=1 for one at a time)
+## test: the whole test suite, its independent tests in parallel (TEST_WORKERS=1 for one at a time); it ends on
+## its 25 slowest tests and the time of each test module
 test: $(STAMP)
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal $(ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=25 $(ARGS)
 
 # The inner loop's answer in about two and a half minutes: the lifecycle on a fake transport and tracking,
 # validation, redaction, the layers, the event path, host failures, the job's summary, the tree and cache

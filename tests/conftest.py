@@ -166,6 +166,29 @@ def slurm_cluster(request: pytest.FixtureRequest):
     return shared_cluster(_slurm_folder(request.config))
 
 
+_MODULE_SECONDS: dict[str, float] = {}
+_MODULE_TESTS: dict[str, set[str]] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Each test's setup, call and teardown time, added to its module's (in the controlling process under xdist,
+    which receives every test process's reports)."""
+    module = report.nodeid.split("::", 1)[0]
+    _MODULE_SECONDS[module] = _MODULE_SECONDS.get(module, 0.0) + report.duration
+    _MODULE_TESTS.setdefault(module, set()).add(report.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    """Where the suite's time went, a line per test module, slowest first (beside `--durations`' slowest tests):
+    whoever adds a slow test sees it in every `make test`."""
+    if hasattr(config, "workerinput") or not _MODULE_SECONDS:
+        return
+    ranked = sorted(_MODULE_SECONDS.items(), key=lambda item: -item[1])
+    terminalreporter.write_sep("=", f"time per test module ({sum(_MODULE_SECONDS.values()):.0f} s of test time in all)")
+    for module, seconds in ranked:
+        terminalreporter.write_line(f"{seconds:8.1f} s  {len(_MODULE_TESTS[module]):4d} tests  {module}")
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """The controlling process stops the Slurm cluster (by the pids it recorded) once every test is done."""
     if hasattr(session.config, "workerinput"):

@@ -12,6 +12,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from orchestrator.config.home_paths import expand_local_paths
 from orchestrator.config.paths import CONF_DIR
 from orchestrator.config.validation import ConfigError, check_group_choices
 
@@ -43,6 +44,7 @@ def main() -> None:
 
         print(help_text(shutil.get_terminal_size().columns))
         return
+    sys.argv[1:] = expand_local_paths(sys.argv[1:])  # `~` and `$HOME` in a local path setting, before Hydra
     try:
         check_group_choices(sys.argv[1:], CONF_DIR)
     except ConfigError as exc:
