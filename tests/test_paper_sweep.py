@@ -1,7 +1,8 @@
 """`sweep=paper` end to end on the tiny trained pair over the local host with two GPU leases: the ten datasets
 from a local mirror in the hub's layout, both temperatures (20 jobs), two prompts each and 8 new tokens.
 Stopped with Ctrl-C mid-way and run again, it decodes only the jobs that did not finish and its page holds all
-twenty; the shards of one dataset merge into the figures of the whole set, tokens equal."""
+twenty; the shards of one dataset merge into the figures of the whole set, tokens equal. Every prompt column of
+the mirror carries every Unicode line separator, NUL, a BOM and CRLF (`tests/paper_mirror.py`, ODD_TEXT)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import csv
 import io
 import json
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -26,13 +28,13 @@ pytestmark = pytest.mark.slow
 TINY = ("experiment.num_prompts=2", "decode.max_new_tokens=8", "decode.tree_budgets=[4,16]", "decode.node_costs=false")
 
 
-def paper_args(tmp_path: Path, mlflow_server: MlflowServer, sweep_dir: str, *extra: str) -> list[str]:
+def paper_args(tmp_path: Path, mlflow_server: MlflowServer | None, sweep_dir: str, *extra: str) -> list[str]:
+    tracking = ["tracking=server", f"tracking.uri={mlflow_server.uri}"] if mlflow_server is not None else []
     return [
         "--multirun", "sweep=paper", "model=tiny_trained", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
         "host.gpus=[0,1]", "model.device=cpu", f"experiment.datasets_dir={tmp_path / 'datasets'}", *TINY, *extra,
         f"host.workdir={tmp_path / 'work'}", f"orchestrator.state_dir={tmp_path / 'state'}",
-        f"host.gpu_lock_dir={tmp_path / 'locks'}", "tracking=server", f"tracking.uri={mlflow_server.uri}",
-        f"hydra.sweep.dir={tmp_path / sweep_dir}",
+        f"host.gpu_lock_dir={tmp_path / 'locks'}", *tracking, f"hydra.sweep.dir={tmp_path / sweep_dir}",
     ]  # fmt: skip
 
 
@@ -59,7 +61,7 @@ def tokens_by_record(text: str) -> dict[str, dict[str, list[int]]]:
 def test_a_paper_sweep_stopped_and_run_again_decodes_only_what_is_missing(
     mlflow_server: MlflowServer, tmp_path: Path
 ) -> None:
-    build_mirror(tmp_path / "datasets", rows_per_set=3)
+    build_mirror(tmp_path / "datasets", rows_per_set=3, odd=True)  # every separator in every prompt column
     client = MlflowClient(tracking_uri=mlflow_server.uri)
 
     # First: stopped with Ctrl-C once at least four jobs have finished.
@@ -139,3 +141,20 @@ def test_a_paper_sweep_stopped_and_run_again_decodes_only_what_is_missing(
     for row in merged:  # tau rests on the tokens alone (speed is timing, measured again: the best budget may move)
         if row["tree_budget"] == alone[row["method"]]["tree_budget"]:
             assert row["tau"] == alone[row["method"]]["tau"]
+
+
+def test_a_paper_sweep_with_a_set_missing_starts_nothing_and_says_so_in_one_line(tmp_path: Path) -> None:
+    """Every job's prompts are read before job #0: the missing set is one line with the command that fetches it
+    (once, though both its temperatures' jobs need it), and no run, work folder or store is made."""
+    root = build_mirror(tmp_path / "datasets", rows_per_set=2)
+    shutil.rmtree(root / "MathArena")  # aime25: jobs #6 (T = 0) and #7 (T = 1)
+    store = tmp_path / "mlruns.db"
+    args = [*paper_args(tmp_path, None, "sweep"), "tracking=local", f"tracking.uri=sqlite:///{store}"]
+    result = run_orchestrator(args, tmp_path, timeout=300)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout.strip() == "checking the prompts of 20 jobs"
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("config error: jobs #6, #7: experiment.prompts: aime25: MathArena/aime_2025 is not in ")
+    assert line.endswith(f"download it with: hf download --repo-type dataset MathArena/aime_2025 --local-dir "
+                         f"{root}/MathArena/aime_2025")  # fmt: skip
+    assert not store.exists() and not (tmp_path / "work").exists() and not (tmp_path / "sweep" / "sweep.json").exists()

@@ -103,6 +103,17 @@ def test_the_plan_counts_each_jobs_records_from_its_prompt_set(tmp_path: Path) -
     assert unknown.records[3] is None and unknown.decodes is None and "not known here" in unknown.line()
 
 
+def test_an_all_failed_sweep_is_not_done(client: MlflowClient) -> None:
+    """Twenty jobs that failed in the worker are twenty failed jobs, with no time per record (none decoded)."""
+    experiment = client.create_experiment("failed")
+    parent = client.create_run(experiment).info.run_id
+    now = int(time.time() * 1000)
+    for job in range(20):
+        run = client.create_run(experiment, start_time=now, tags={tags.PARENT_RUN_ID: parent, tags.SWEEP_JOB: str(job)})
+        client.set_terminated(run.info.run_id, "FAILED", end_time=now + 9000)
+    assert progress_line(client, parent, [8] * 20) == "plan: 0/20 jobs done (20 failed) in 3.0 GPU-min"
+
+
 def test_the_estimate_is_the_time_per_record_so_far_times_the_records_left(client: MlflowClient) -> None:
     experiment = client.create_experiment("e")
     parent = client.create_run(experiment).info.run_id
@@ -119,5 +130,11 @@ def test_the_estimate_is_the_time_per_record_so_far_times_the_records_left(clien
     assert (
         progress_line(client, parent, [2, 4, 30, 100])
         == "plan: 4/4 jobs done (1 reused) in 6.0 GPU-min (10.0 s a record)"
+    )
+    failed = client.create_run(experiment, start_time=now, tags={tags.PARENT_RUN_ID: parent, tags.SWEEP_JOB: "4"})
+    client.set_terminated(failed.info.run_id, "FAILED", end_time=now + 40 * 1000)  # no record: not in the pace
+    assert (
+        progress_line(client, parent, [2, 4, 30, 100, 7])
+        == "plan: 4/5 jobs done (1 reused, 1 failed) in 6.7 GPU-min (10.0 s a record)"
     )
     assert gpu_time(59) == "59 GPU-s" and gpu_time(600) == "10.0 GPU-min" and gpu_time(36000) == "10.0 GPU-h"

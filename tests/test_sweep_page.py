@@ -12,7 +12,7 @@ from mlflow.entities import Metric, Param
 from omegaconf import OmegaConf
 from rich.console import Console
 
-from orchestrator.sweep.callback import _grid, sweep_name
+from orchestrator.sweep.callback import _as_settings, _grid, sweep_name
 from orchestrator.sweep.page import job_metrics
 from orchestrator.sweep.plot import draw_sweep
 from orchestrator.sweep.rows import sweep_rows
@@ -225,7 +225,8 @@ def test_a_grid_axis_the_command_line_fixes_is_not_swept() -> None:
         "overrides": {"task": ["model=tiny_trained", "decode.block_size=4,8"]},
         "runtime": {"choices": {"hydra/sweeper": "basic"}},
     }
-    jobs, swept, grid = _grid(OmegaConf.create({"hydra": hydra}))
+    jobs, swept, overrides = _grid(OmegaConf.create({"hydra": hydra}))
+    grid = [_as_settings(job) for job in overrides]
     assert (jobs, swept) == (4, ["decode.temperature", "decode.block_size"])
     # each job's own overrides, in launch order (the plan reads each job's prompt set from them)
     assert [(job["model"], job["decode.temperature"], job["decode.block_size"]) for job in grid] == [

@@ -192,6 +192,10 @@ def _rows(paper_set: PaperSet, datasets_dir: Path | None) -> Any:
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import HTTPError
 
+    # Its progress bars and log lines stay off the terminal: what went wrong is our one line below, its cause
+    # included, and a log line would print a mirror's file names raw (escape sequences and all).
+    datasets.disable_progress_bars()
+    datasets.utils.logging.set_verbosity(datasets.utils.logging.CRITICAL)
     name, repo = paper_set.name, paper_set.repo
     fetch = download_command(repo, datasets_dir)
     if datasets_dir is not None:

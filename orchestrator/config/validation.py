@@ -35,6 +35,11 @@ class ConfigError(ValueError):
     """A config mistake; the message is the single line shown to the user."""
 
 
+class PromptsError(ConfigError):
+    """A job's prompts cannot be decoded: the set cannot be read here, its file would not read back as written,
+    or a prompt is too short. A sweep checks these for every job before its first (`sweep/precheck.py`)."""
+
+
 def group_options(conf_dir: Path, group: str) -> list[str]:
     return sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
 
@@ -200,7 +205,7 @@ def _check_prompts(experiment: dict[str, Any]) -> None:
         if prompts is not None:  # the file the worker will read, read back here as the worker reads it
             round_trip(prompts, f"the prompt file of experiment.prompts={value}")
     except PromptSetError as exc:
-        raise ConfigError(f"experiment.prompts: {exc}") from exc
+        raise PromptsError(f"experiment.prompts: {exc}") from exc
     if shard is not None and prompts is not None:
         limit = experiment.get("num_prompts") or len(prompts)
         part, count = (int(x) for x in str(shard).split("/"))
@@ -222,7 +227,7 @@ def _check_tree_budgets(container: dict[str, Any], budgets: list[int]) -> None:
     try:
         lengths = prompt_lengths(container, shape.vocab)
     except (PromptTooShort, PromptSetError) as exc:
-        raise ConfigError(str(exc)) from exc
+        raise PromptsError(str(exc)) from exc
     longest = max(lengths, key=lambda p: p.tokens) if lengths else None
     prompt = longest.tokens if longest is not None else 1
     what = (

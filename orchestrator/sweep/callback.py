@@ -34,12 +34,21 @@ class SweepCallback(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from orchestrator.sweep.plan import make_plan
+        from orchestrator.sweep.precheck import prompt_problems
         from orchestrator.tracking.runs import ensure_experiment, run_url
 
+        hydra_cfg = config.hydra  # HydraConfig is not set yet when a multirun starts
+        jobs, swept, job_overrides = _grid(config)
+        if job_overrides:  # every job's prompts before the first job: a missing set is found now, not at its turn
+            Console().print(f"checking the prompts of {counted(len(job_overrides), 'job')}", markup=False)
+            problems = prompt_problems(config, job_overrides)
+            for problem in problems:
+                print(problem.line(), file=sys.stderr)
+            if problems:
+                raise SystemExit(2)  # nothing has started: no parent run, no job
         client = _client(config)
         experiment_id = ensure_experiment(client, str(config.experiment.name), config.tracking.get("artifact_root"))
-        hydra_cfg = config.hydra  # HydraConfig is not set yet when a multirun starts
-        jobs, swept, grid = _grid(config)
+        grid = [_as_settings(job) for job in job_overrides]
         plan = make_plan(OmegaConf.to_container(config, resolve=False), grid) if grid else None
         run = client.create_run(
             experiment_id,
@@ -115,10 +124,15 @@ def sweep_name(swept: list[str], jobs: int | None) -> str:
     return f"sweep of {what}{count} · {time.strftime('%m-%d %H:%M')}"
 
 
-def _grid(config: DictConfig) -> tuple[int | None, list[str], list[dict[str, str]]]:
+def _as_settings(overrides: list[str]) -> dict[str, str]:
+    """A job's overrides as key → value (`+` and `~` prefixes dropped)."""
+    return dict(override.lstrip("+~").partition("=")[::2] for override in overrides)
+
+
+def _grid(config: DictConfig) -> tuple[int | None, list[str], list[list[str]]]:
     """How many jobs the basic sweeper will launch (its grid times the command line's sweeps; None for any
     other sweeper, whose count is its own business), the keys the sweep varies (for the jobs' names), and each
-    job's overrides in launch order (empty where the count is unknown)."""
+    job's overrides in launch order, as the launcher gets them (empty where the count is unknown)."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -137,7 +151,7 @@ def _grid(config: DictConfig) -> tuple[int | None, list[str], list[dict[str, str
         batches = BasicSweeper.split_arguments(overrides, None)
     except Exception:  # noqa: BLE001 - as above
         return None, swept, []
-    jobs = [dict(str(o).lstrip("+~").partition("=")[::2] for o in job) for batch in batches for job in batch]
+    jobs = [[str(o) for o in job] for batch in batches for job in batch]
     return len(jobs), swept, jobs
 
 

@@ -7,7 +7,8 @@ cannot be read here leaves its jobs' records unknown, never guessed). The per-jo
 As each job ends: the GPU-time the sweep's jobs have taken so far (each job holds one GPU lease from its
 run's start to its end) over the records they decoded gives the time per record, and the records of the jobs
 not yet ended give the estimate: `plan: 3/20 jobs done in 14.2 GPU-min · about 80.0 GPU-min left (2.3 s a record)`.
-A job reused from an earlier sweep took no time here and counts as done.
+A job reused from an earlier sweep took no time here and counts as done; a failed one counts apart and its
+time, spent on no record, is left out of the time per record.
 """
 
 from __future__ import annotations
@@ -90,23 +91,29 @@ def make_plan(base: Mapping[str, Any], jobs: Sequence[Mapping[str, str]]) -> Pla
 
 
 def progress_line(client: MlflowClient, parent_run_id: str, records: Sequence[int | None]) -> str:
-    """The sweep so far, from its job runs' own start and end times, and the GPU-time left at that pace."""
+    """The sweep so far, from its job runs' own start and end times, and the GPU-time left at that pace.
+
+    Finished, failed (or killed) and reused jobs are counted apart: a failed job took GPU time but decoded
+    nothing, so the time per record is the finished jobs' time over their records alone."""
     parent = client.get_run(parent_run_id)
     reused = set(reused_jobs(parent))
     runs = client.search_runs(
         [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent_run_id}'", max_results=10000
     )
-    ended = [r for r in runs if r.info.end_time]
-    seconds = sum((r.info.end_time - r.info.start_time) / 1000 for r in ended)
-    numbers = {n for r in ended if (n := _job(r.data.tags.get(SWEEP_JOB))) is not None}
-    done = numbers | reused
-    of_them = f" ({len(reused)} reused)" if reused else ""
-    line = f"plan: {len(done)}/{len(records)} jobs done{of_them} in {gpu_time(seconds)}"  # 80 columns, whole
-    decoded = sum(records[n] or 0 for n in numbers if n < len(records))
+    ended = [(n, r) for r in runs if r.info.end_time and (n := _job(r.data.tags.get(SWEEP_JOB))) is not None]
+    finished = {n for n, r in ended if r.info.status == "FINISHED"}
+    failed = {n for n, _ in ended} - finished - reused
+    seconds = sum((r.info.end_time - r.info.start_time) / 1000 for _, r in ended)
+    parts = [f"plan: {len(finished | reused)}/{len(records)} jobs done"]
+    parts += [f"{len(reused)} reused"] * bool(reused) + [f"{len(failed)} failed"] * bool(failed)
+    line = f"{parts[0]} ({', '.join(parts[1:])})" if len(parts) > 1 else parts[0]
+    line += f" in {gpu_time(seconds)}"
+    decoded = sum(records[n] or 0 for n in finished - reused if n < len(records))
     if not decoded or any(r is None for r in records):
         return line
-    per_record = seconds / decoded
-    left = sum(r or 0 for n, r in enumerate(records) if n not in done)
+    taken = sum((r.info.end_time - r.info.start_time) / 1000 for n, r in ended if n in finished - reused)
+    per_record = taken / decoded
+    left = sum(r or 0 for n, r in enumerate(records) if n not in finished | reused | failed)
     if not left:  # the last job: what it all took, no estimate of nothing
         return line + f" ({per_record:.1f} s a record)"
     return line + f" · about {gpu_time(left * per_record)} left ({per_record:.1f} s a record)"

@@ -256,7 +256,7 @@ def prompt_dataset(path: Path, name: str) -> Any:
     from mlflow.entities import Dataset, DatasetInput, InputTag
 
     data = path.read_bytes()
-    rows = [line for line in data.decode("utf-8", errors="replace").splitlines() if line.strip()]
+    rows = [line for line in data.decode("utf-8", errors="replace").split("\n") if line.strip()]  # JSON Lines: \n only
     schema = {"mlflow_colspec": [{"name": "id", "type": "string"}, {"name": "messages", "type": "string"}]}
     dataset = Dataset(
         name=name,

@@ -265,7 +265,9 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
                     curve.add(run.first(scope).accepted_nodes)
                 row = generation_row(conversation, run, methods, divergences, tokenizer, comparison.exactness)
                 row.update(id=prompt.turn_id(turn), turn=turn, index=record)
-                generations.write(json.dumps(row, ensure_ascii=False) + "\n")
+                # ASCII-escaped: a generation holds whatever the prompt and the model wrote (U+2028, NUL, …), and
+                # every reader, `str.splitlines` too, must find one record a line
+                generations.write(json.dumps(row, ensure_ascii=True) + "\n")
                 generations.flush()
                 done_records += 1
                 answer = run.first(methods[-1].scope).tokens
