@@ -19,8 +19,18 @@ from orchestrator.sweep.paper.figures import (
     merge,
     read_records,
 )
-from orchestrator.sweep.paper.table import DATASETS, JobRecords, entries, markdown, paper_figures, write_csv
+from orchestrator.sweep.paper.table import (
+    DATASETS,
+    JobRecords,
+    Missing,
+    entries,
+    markdown,
+    paper_figures,
+    terminal_lines,
+    write_csv,
+)
 from orchestrator.sweep.summary import CUT_NOTE, fitted
+from orchestrator.tracking.markdown_table import plain_markdown
 
 
 def record(rid: str, ar: tuple[float, int], **methods: tuple[float, int, float]) -> Record:
@@ -93,14 +103,17 @@ def test_the_page_and_csv_put_the_papers_figures_beside_ours(tmp_path: Path) -> 
 
     found = entries([job("math500", 1.0, 1.0), job("gsm8k", 0.0, 2.0), job("math500", 0.0, 1.0)])
     assert [(e.dataset, e.temperature) for e in found] == [("gsm8k", 0.0), ("math500", 0.0), ("math500", 1.0)]
-    page = markdown(found, "qwen3_8b")
+    page = plain_markdown(markdown(found, "qwen3_8b"))
     lines = page.splitlines()
     assert lines[2] == "| dataset | T=0 DFlash | T=0 DDTree | T=1 DFlash | T=1 DDTree | best budget |"
     math_row = next(line for line in lines if line.startswith("| math500 |"))
-    assert "×4.00 (4.00–4.00) · τ 4.00 (4.00–4.00) · paper ×5.56 · τ 7.79" in math_row  # Qwen3-8B, MATH-500, T=0
-    assert "×8.00 (8.00–8.00) · τ 9.00 (" in math_row and "paper ×7.52 · τ 10.73" in math_row
+    # ours, then the paper's in italics (Qwen3-8B, MATH-500, T=0)
+    assert "×4.00 (4.00–4.00) · τ 4.00 (4.00–4.00) · _paper ×5.56 · τ 7.79_" in math_row
+    assert "×8.00 (8.00–8.00) · τ 9.00 (" in math_row and "_paper ×7.52 · τ 10.73_" in math_row
     assert math_row.endswith("| 64 / 64 |")
-    assert "| gsm8k |" in page and "| **mean** |" in page and "src/data/results.tex" in page
+    assert "| gsm8k |" in page and "| **mean of 2/1 datasets** |" in page and "src/data/results.tex" in page
+    raw = markdown(found, "qwen3_8b")
+    assert "| &nbsp;dataset&nbsp; |" in raw  # MLflow's description pads no cell: we do
     write_csv(found, "qwen3_8b", tmp_path / "t.csv")
     rows = list(csv.DictReader((tmp_path / "t.csv").open()))
     assert rows[0]["dataset"] == "gsm8k" and rows[0]["method"] == "dflash" and rows[0]["paper_speedup"] == "4.78"
@@ -123,3 +136,36 @@ def test_a_page_longer_than_a_description_may_be_is_cut_at_a_line_and_says_where
     cut = fitted(page, 8000)
     assert len(cut) <= 8000 and cut.endswith(CUT_NOTE) and cut[: -len(CUT_NOTE)].endswith("|")
     assert fitted("short", 8000) == "short"
+
+
+def test_the_terminal_table_fits_80_columns_and_keeps_a_failed_datasets_row() -> None:
+    """The widest figures (×10.00, τ 16.00, budgets 1024/1024) at 80 columns; aime25 failed at both temperatures:
+    its row says so, and the mean says it is over 9 datasets."""
+    jobs = [
+        JobRecords(d, t, "qwen3_6_27b", [record(f"{d}-{i}", (100.0, 16), dflash=(10.0, 16, 16.0),
+                                                ddtree_tb1024=(10.0, 16, 16.0)) for i in range(5)])
+        for d in DATASETS if d != "aime25" for t in (0.0, 1.0)
+    ]  # fmt: skip
+    missing = [Missing("aime25", t, "experiment.prompts: aime25: MathArena/aime_2025 is not in ~/d") for t in (0, 1)]
+    lines = terminal_lines(entries(jobs), "qwen3_6_27b", missing)
+    assert max(len(line) for line in lines) <= 80, "\n".join(lines)
+    assert lines[1].split() == ["T=0", "T=1"]
+    assert lines[2].split() == ["dataset", "DFlash", "DDTree", "DFlash", "DDTree", "budget"]
+    rows = {line.split()[0]: line.split()[1:] for line in lines[3:]}
+    assert list(rows)[:11] == [*DATASETS, "mean"]
+    assert rows["gsm8k"] == ["×10.00", "τ16.00"] * 4 + ["1024/1024"]
+    assert rows["aime25"] == ["FAILED"] * 4 + ["–/–"]
+    assert lines[-1].startswith("mean (9 sets)")
+    page = plain_markdown(markdown(entries(jobs), "qwen3_6_27b", missing))
+    assert "| aime25 | FAILED: experiment.prompts: aime25: MathArena/aime_2025 is not in ~/d |" in page
+    assert "| **mean of 9 datasets** |" in page
+
+
+def test_a_decoded_budget_shows_its_measured_tau_beside_the_curves() -> None:
+    """The curve said τ 1.00 at 64 where the decode at 64 measured τ 4.00: the row shows both and flags it."""
+    records = [record(f"g-{i}", (8.0, 8), ddtree_tb64=(2.0, 8, 4.0), ddtree_tb1024=(2.0, 8, 4.0)) for i in range(5)]
+    curve = {"budget_curve": {"tau": [1.0] * 1024}, "prediction": {}, "methods": [{"prompts": 5}]}
+    found = entries([JobRecords("gsm8k", 0.0, "m", records, curve)])
+    page = plain_markdown(markdown(found, "m"))
+    row = next(line for line in page.splitlines() if line.startswith("| gsm8k | 0 |"))
+    assert "τ 1.00 (decoded τ 4.00 ⚠)" in row and "⚠ 2 decoded budgets measured a tau outside" in page

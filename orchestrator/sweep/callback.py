@@ -70,6 +70,7 @@ class SweepCallback(Callback):
             "jobs": jobs,
             "swept": swept,
             "records": plan.records if plan is not None else None,
+            "grid": grid,  # each job's settings by number: a job that never made a run is still placed
         }
         write_sweep_record(folder, record)
         count = counted(jobs, "job") if jobs else "jobs"
@@ -113,6 +114,7 @@ class SweepCallback(Callback):
             Console(),
             runless_jobs(folder, record["started"] - 1.0),  # 1 s for file systems with coarse times
             list(record.get("swept") or []),
+            record.get("grid"),
         )
         last_exit_code = RunStatus(status).exit_code
 

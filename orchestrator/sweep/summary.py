@@ -68,12 +68,14 @@ def summarize_sweep(
     console: Console,
     job_dirs: dict[int, str],
     swept: list[str] | None = None,
+    grid: list[dict[str, str]] | None = None,
 ) -> str:
     """Give the parent run its page (description, the grid as params, every job's headline metrics, the
     table as files, the plot), end it, print the table and its address; return the sweep's status.
 
     `job_dirs` maps every job Hydra launched to the error it recorded before it had a run (or ""): a job
-    without a run is a FAILED row, never a silent gap. `swept` are the keys the sweep varies."""
+    without a run is a FAILED row, never a silent gap. `swept` are the keys the sweep varies, `grid` each job's
+    settings. A sweep over the paper's datasets ends on the paper's table, the job table left to its page."""
     rows = sweep_rows(client, parent_run_id)
     with_runs = {row.job for row in rows}
     for job, error in sorted(job_dirs.items()):
@@ -87,7 +89,7 @@ def summarize_sweep(
         folder = Path(tmp)
         write_csv(rows, folder / CSV_FILE)
         page = description(rows, status)
-        paper = paper_section(client, rows, folder)
+        paper = paper_section(client, rows, folder, grid)
         if paper is not None:  # the paper's table leads: it is the question a paper sweep asks
             page = paper.markdown + "\n" + page
             for path in paper.files:
@@ -122,10 +124,16 @@ def summarize_sweep(
             tags=run_tags if first else [],
         )
     client.set_terminated(parent_run_id, status)
-    console.print(_table(rows, status))
+    if paper is not None:  # the sweep's answer is the paper's table; the job table is on the page
+        for line in paper.terminal:
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+        console.print(f"Sweep: [{STATUS_STYLE.get(status, 'white')}]{status}[/] · {len(jobs)} jobs; every job and "
+                      f"method, the budget curve and the figure: the sweep's page ({MARKDOWN_FILE})")  # fmt: skip
+    else:
+        console.print(_table(rows, status))
     for row in failed:
         console.print(f"[red]job #{row.job} {row.status}[/red] ({escape(row.varies)}): {escape(row.error)}")
-    if best is not None:
+    if best is not None and paper is None:  # across datasets, the fastest row compares nothing comparable
         console.print(escape(best.line(short_names(varying_keys(rows)))))
     console.print(
         f"sweep run: {run_url(client, experiment_id, parent_run_id)}", soft_wrap=True, markup=False, highlight=False

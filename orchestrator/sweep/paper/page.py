@@ -9,7 +9,7 @@ cannot be read is named in a line under the table, never silently dropped.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,10 +26,12 @@ from orchestrator.sweep.paper.table import (
     PAPER_MODELS,
     Entry,
     JobRecords,
+    Missing,
     entries,
     load_job,
     markdown,
     paper_figures,
+    terminal_lines,
     write_csv,
 )
 from orchestrator.sweep.rows import Row
@@ -43,6 +45,29 @@ CSV_FILE, FIGURE_FILE = "paper_table.csv", "paper_table.png"
 class PaperSection:
     markdown: str
     files: list[Path] = field(default_factory=list)
+    terminal: list[str] = field(default_factory=list)  # the table at 80 columns, for the sweep's last screen
+
+
+def missing_entries(rows: Sequence[Row], grid: Sequence[Mapping[str, str]] | None) -> list[Missing]:
+    """Each (dataset, temperature) a job of the sweep was to decode and did not: its reason, once. A job with
+    no run (a config error) is placed by the sweep's grid."""
+    finished, missing = set(), {}
+    for row in rows:
+        given = dict(row.given())
+        if not given.get("experiment.prompts") and grid is not None and 0 <= row.job < len(grid):
+            given = dict(grid[row.job])
+        dataset = given.get("experiment.prompts", "")
+        if dataset not in DATASETS:
+            continue
+        try:
+            key = (dataset, float(given.get("decode.temperature") or 0))
+        except ValueError:
+            continue
+        if row.status == "FINISHED":
+            finished.add(key)
+        else:
+            missing.setdefault(key, row.error or f"the job ended {row.status}")
+    return [Missing(d, t, why) for (d, t), why in missing.items() if (d, t) not in finished]
 
 
 def paper_jobs(client: MlflowClient, rows: Sequence[Row], folder: Path) -> tuple[list[JobRecords], list[str]]:
@@ -72,28 +97,35 @@ def paper_jobs(client: MlflowClient, rows: Sequence[Row], folder: Path) -> tuple
     return jobs, left_out
 
 
-def paper_section(client: MlflowClient, rows: Sequence[Row], out: Path) -> PaperSection | None:
-    """The table, its CSV and its figure in `out`, one table per model; None when no job decoded a paper set."""
+def paper_section(
+    client: MlflowClient, rows: Sequence[Row], out: Path, grid: Sequence[Mapping[str, str]] | None = None
+) -> PaperSection | None:
+    """The table, its CSV and its figure in `out`, one table per model; None when no job decoded a paper set.
+    A dataset whose jobs failed keeps its row, with the reason (`grid`: each job's settings, by number)."""
     with tempfile.TemporaryDirectory() as tmp:
         jobs, left_out = paper_jobs(client, rows, Path(tmp))
+    missing = missing_entries(rows, grid)
     if not jobs:
         return None
-    parts, files = [], []
-    for model in sorted({job.model for job in jobs}):
+    parts, files, terminal = [], [], []
+    models = sorted({job.model for job in jobs})
+    for model in models:
         chosen = [job for job in jobs if job.model == model]
+        lost = missing if len(models) == 1 else []  # a failed job's model is not known: one model's table only
         try:
             found = entries(chosen)
         except RecordsDisagree as exc:
             parts.append(f"### The paper's table: {model}\n\nNot drawn: {exc} (the shards' settings differ).\n")
             continue
-        parts.append(markdown(found, model))
+        parts.append(markdown(found, model, lost))
+        terminal += [*terminal_lines(found, model, lost), ""]
         suffix = "" if len(parts) == 1 else f"_{model}"
         csv_path = out / CSV_FILE.replace(".csv", f"{suffix}.csv")
         figure_path = out / FIGURE_FILE.replace(".png", f"{suffix}.png")
         write_csv(found, model, csv_path)
         files += [csv_path, save_figure(draw(found, model), figure_path)]
     text = "\n".join(parts) + "".join(f"\n{line}\n" for line in left_out)
-    return PaperSection(text, files)
+    return PaperSection(text, files, terminal)
 
 
 def draw(found: Sequence[Entry], model: str) -> plt.Figure:

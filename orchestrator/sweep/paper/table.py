@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from orchestrator.sweep.paper.figures import Cell, Record, best_ddtree, cell, merge, read_records
+from orchestrator.sweep.paper.figures import Cell, Record, best_ddtree, cell, ddtree_scopes, merge, read_records
+from orchestrator.tracking.markdown_table import markdown_table
 from remote_worker.decoding.bootstrap import Interval
 
 DATASETS = ("gsm8k", "math500", "aime24", "aime25", "humaneval", "mbpp", "livecodebench", "swe-bench", "mt-bench",
@@ -63,6 +64,15 @@ class JobRecords:
     summary: Mapping | None = None  # its decode_summary.json
 
 
+@dataclass(frozen=True)
+class Missing:
+    """A (dataset, temperature) of the sweep with no finished job: it keeps its row, saying why."""
+
+    dataset: str
+    temperature: float
+    reason: str
+
+
 @dataclass
 class Entry:
     """One (dataset, temperature): the merged records' cells, and the budget curve."""
@@ -74,6 +84,7 @@ class Entry:
     ddtree: Cell | None
     curve: dict[int, tuple[float, float | None]] = field(default_factory=dict)  # budget -> (tau, predicted ×)
     jobs: int = 1
+    measured: dict[int, Cell] = field(default_factory=dict)  # each decoded budget's own cell, beside the curve's
 
 
 def curve_of(summaries: Sequence[Mapping | None]) -> dict[int, tuple[float, float | None]]:
@@ -111,9 +122,10 @@ def entries(jobs: Sequence[JobRecords]) -> list[Entry]:
         records = merge([job.records for job in group])
         complete = [r for r in records if "ar" in r.methods]
         dflash = cell(complete, "dflash") if complete and all("dflash" in r.methods for r in complete) else None
+        measured = {b: cell(complete, scope, b) for scope, b in ddtree_scopes(complete).items()} if complete else {}
         found.append(
             Entry(dataset, temperature, len(complete), dflash, best_ddtree(complete),
-                  curve_of([job.summary for job in group]), len(group))
+                  curve_of([job.summary for job in group]), len(group), measured)
         )  # fmt: skip
     return found
 
@@ -131,56 +143,146 @@ def _figure(c: Cell | None) -> str:
 
 
 def _paper(figure: PaperFigure | None) -> str:
-    return "" if figure is None else f" · paper ×{figure.speedup:.2f} · τ {figure.tau:.2f}"
+    """The paper's figure after ours, in italics: told apart at a glance."""
+    return "" if figure is None else f" · _paper ×{figure.speedup:.2f} · τ {figure.tau:.2f}_"
 
 
-def markdown(found: Sequence[Entry], model: str) -> str:
-    """The table as the sweep's page shows it, then the budget curve, then how to read them."""
-    paper_model = PAPER_MODELS.get(model)
-    paper = paper_figures() if paper_model else {}
-    temperatures = sorted({e.temperature for e in found})
-    by_key = {(e.dataset, e.temperature): e for e in found}
-    datasets = list(dict.fromkeys(e.dataset for e in found))
-    head = ["dataset", *(f"T={t:g} {m}" for t in temperatures for m in ("DFlash", "DDTree")), "best budget"]
-    lines = [f"### The paper's table: {model}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for dataset in datasets:
-        cells, budgets = [], []
-        for t in temperatures:
-            entry = by_key.get((dataset, t))
-            for method in ("dflash", "ddtree"):
-                c = getattr(entry, method) if entry else None
-                cells.append(_figure(c) + (_paper(paper.get((paper_model, dataset, t, method))) if c else ""))
-            budgets.append(str(entry.ddtree.budget) if entry and entry.ddtree else "–")
-        lines.append(f"| {dataset} | " + " | ".join(cells) + f" | {' / '.join(budgets)} |")
+def _failed(reason: str) -> str:
+    return f"FAILED: {reason[:160]}"
+
+
+def _datasets(found: Sequence[Entry], missing: Sequence[Missing]) -> list[str]:
+    """Every dataset the sweep ran or tried, in the paper's order."""
+    named = {e.dataset for e in found} | {m.dataset for m in missing}
+    return sorted(named, key=_order)
+
+
+def _means(found: Sequence[Entry], temperatures: Sequence[float]) -> list[tuple[int, float, float] | None]:
+    """Per (temperature, method): (how many datasets, mean speedup, mean tau), or None where none has a cell."""
     means = []
     for t in temperatures:
         for method in ("dflash", "ddtree"):
             chosen = [getattr(e, method) for e in found if e.temperature == t and getattr(e, method)]
             means.append(
-                f"×{statistics.fmean(c.speedup for c in chosen):.2f} · τ {statistics.fmean(c.tau for c in chosen):.2f}"
-                if chosen else ""
+                (len(chosen), statistics.fmean(c.speedup for c in chosen), statistics.fmean(c.tau for c in chosen))
+                if chosen else None
             )  # fmt: skip
-    lines.append("| **mean** | " + " | ".join(means) + " | |")
+    return means
+
+
+def _mean_label(means: Sequence[tuple[int, float, float] | None]) -> str:
+    """`mean of 10 datasets`; `mean of 9/10 datasets` where the columns cover different numbers of them."""
+    counts = sorted({m[0] for m in means if m is not None}, reverse=True)
+    return f"mean of {'/'.join(map(str, counts)) or '0'} datasets"
+
+
+def markdown(found: Sequence[Entry], model: str, missing: Sequence[Missing] = ()) -> str:
+    """The table as the sweep's page shows it, then the budget curve, then how to read them. A dataset whose
+    jobs failed keeps its row, with the reason; the mean row says over how many datasets it is."""
+    paper_model = PAPER_MODELS.get(model)
+    paper = paper_figures() if paper_model else {}
+    temperatures = sorted({e.temperature for e in found} | {m.temperature for m in missing})
+    by_key = {(e.dataset, e.temperature): e for e in found}
+    failed = {(m.dataset, m.temperature): m.reason for m in missing}
+    head = ["dataset", *(f"T={t:g} {m}" for t in temperatures for m in ("DFlash", "DDTree")), "best budget"]
+    rows = []
+    for dataset in _datasets(found, missing):
+        cells, budgets = [], []
+        for t in temperatures:
+            entry = by_key.get((dataset, t))
+            for method in ("dflash", "ddtree"):
+                c = getattr(entry, method) if entry else None
+                if c is None and (dataset, t) in failed:
+                    cells.append(_failed(failed[(dataset, t)]) if method == "dflash" else "")
+                    continue
+                cells.append(_figure(c) + (_paper(paper.get((paper_model, dataset, t, method))) if c else ""))
+            budgets.append(str(entry.ddtree.budget) if entry and entry.ddtree else "–")
+        rows.append([dataset, *cells, " / ".join(budgets)])
+    means = _means(found, temperatures)
+    rows.append([f"**{_mean_label(means)}**", *(f"×{m[1]:.2f} · τ {m[2]:.2f}" if m else "" for m in means), ""])
+    lines = [f"### The paper's table: {model}", "", *markdown_table(head, rows)]
     lines += ["", *_curve_lines(found), "", *_reading(found, paper_model)]
     return "\n".join(lines) + "\n"
 
 
+def terminal_lines(found: Sequence[Entry], model: str, missing: Sequence[Missing] = ()) -> list[str]:
+    """The table at 80 columns for the terminal at the sweep's end: speedup and τ per dataset, temperature
+    and method (DDTree at its best budget), the budgets, the mean row; a failed dataset says so."""
+    temperatures = sorted({e.temperature for e in found} | {m.temperature for m in missing})
+    by_key = {(e.dataset, e.temperature): e for e in found}
+    failed = {(m.dataset, m.temperature) for m in missing}
+
+    def short(c: Cell | None, key: tuple[str, float]) -> str:
+        if c is None:
+            return "FAILED" if key in failed else "–"
+        return f"×{c.speedup:.2f} τ{c.tau:.2f}"
+
+    rows = []
+    for dataset in _datasets(found, missing):
+        cells, budgets = [], []
+        for t in temperatures:
+            entry = by_key.get((dataset, t))
+            cells += [short(getattr(entry, m) if entry else None, (dataset, t)) for m in ("dflash", "ddtree")]
+            budgets.append(str(entry.ddtree.budget) if entry and entry.ddtree else "–")
+        rows.append([dataset, *cells, "/".join(budgets)])
+    means = _means(found, temperatures)
+    counts = sorted({m[0] for m in means if m is not None}, reverse=True)
+    rows.append(
+        [
+            f"mean ({'/'.join(map(str, counts)) or '0'} sets)",
+            *(f"×{m[1]:.2f} τ{m[2]:.2f}" if m else "–" for m in means),
+            "",
+        ]
+    )
+    head = ["dataset", *(["DFlash", "DDTree"] * len(temperatures)), "budget"]
+    widths = [max(len(row[i]) for row in [head, *rows]) for i in range(len(head))]
+    # one space inside a temperature's pair and before the budgets, two between temperatures: the widest figures
+    # (×10.00 τ16.00, `livecodebench`, 1024/1024) make exactly 80 columns
+    gaps = ["", " ", *(([" ", "  "] * len(temperatures))[:-1]), " "]
+
+    def line(cells: Sequence[str]) -> str:
+        aligned = [c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))]
+        return "".join(gap + c for gap, c in zip(gaps, aligned, strict=True)).rstrip()
+
+    pair = [widths[1 + 2 * i] + 1 + widths[2 + 2 * i] for i in range(len(temperatures))]
+    over = " " * (widths[0] + 1) + "  ".join(f"T={t:g}".center(w) for t, w in zip(temperatures, pair, strict=True))
+    text = [f"The paper's table: {model} (speedup vs AR, τ; DDTree at its best budget)", over.rstrip()]
+    text += [line(row) for row in [head, *rows]]
+    return text
+
+
 def _curve_lines(found: Sequence[Entry]) -> list[str]:
+    """Tau and predicted speedup at every budget from the largest budget's trees; at a budget that was decoded,
+    its measured tau beside the curve's, flagged where they differ by more than the measurement's interval."""
     budgets = sorted({b for e in found for b in e.curve})
     if not budgets:
         return []
-    lines = [
-        "**Every budget** (tau from the largest decoded budget's trees; speedup predicted from the run's costs):",
-        "",
-        "| dataset | T | " + " | ".join(str(b) for b in budgets) + " |",
-        "|" + "---|" * (len(budgets) + 2),
-    ]
+    rows, flagged = [], 0
     for e in found:
         cells = []
         for b in budgets:
             tau, speed = e.curve.get(b, (None, None))
-            cells.append("" if tau is None else f"τ {tau:.2f}" + (f" ×{speed:.2f}" if speed is not None else ""))
-        lines.append(f"| {e.dataset} | {e.temperature:g} | " + " | ".join(cells) + " |")
+            text = "" if tau is None else f"τ {tau:.2f}" + (f" ×{speed:.2f}" if speed is not None else "")
+            decoded = e.measured.get(b)
+            if tau is not None and decoded is not None:
+                low, high = (decoded.tau_ci.low, decoded.tau_ci.high) if decoded.tau_ci else (decoded.tau,) * 2
+                off = not low - 0.005 <= tau <= high + 0.005  # beyond the interval (none under 5: beyond rounding)
+                flagged += off
+                text += f" (decoded τ {decoded.tau:.2f}{' ⚠' if off else ''})"
+            cells.append(text)
+        rows.append([e.dataset, f"{e.temperature:g}", *cells])
+    lines = [
+        "**Every budget** (tau from the largest decoded budget's trees; speedup predicted from the run's costs; "
+        "at a decoded budget, the tau it measured):",
+        "",
+        *markdown_table(["dataset", "T", *(str(b) for b in budgets)], rows),
+    ]
+    if flagged:
+        lines += [
+            "",
+            f"⚠ {flagged} decoded budget{'s' * (flagged > 1)} measured a tau outside the curve's figure by more than "
+            "its 95 % interval: the curve's tau at that budget is not borne out on these records.",
+        ]
     return lines
 
 
