@@ -4,6 +4,7 @@ params), the parent's record of reused jobs; and the sweep's plan and GPU-time e
 from __future__ import annotations
 
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,8 @@ from orchestrator.sweep.plan import gpu_time, make_plan, progress_line
 from orchestrator.sweep.resume import find_finished, reused_jobs, reused_tag, why_not
 from orchestrator.tracking import tags
 from orchestrator.tracking.settings_digest import PROMPTS_DIGEST, config_hash, settings_params
+from orchestrator.tracking.signing import KEY_FILE, KeyUnavailable, sign_run, signing_key
+from tests.conftest import MlflowServer
 from tests.paper_mirror import build_mirror
 
 RESOLVED = {
@@ -44,8 +47,13 @@ def test_the_digest_covers_what_decides_the_figures_and_nothing_else() -> None:
 
 
 @pytest.fixture
-def client(tmp_path: Path) -> MlflowClient:
-    return MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlruns.db'}")
+def client(mlflow_server: MlflowServer) -> MlflowClient:
+    """The test process's real `mlflow server` (each test in experiments of its own): what a forger reaches."""
+    return MlflowClient(tracking_uri=mlflow_server.uri)
+
+
+def new_experiment(client: MlflowClient) -> str:
+    return client.create_experiment(f"e-{uuid.uuid4().hex}")
 
 
 def job_run(
@@ -57,26 +65,56 @@ def job_run(
     return run.info.run_id
 
 
-def test_a_run_is_reused_only_when_its_own_params_hold_the_settings(client: MlflowClient) -> None:
-    experiment = client.create_experiment("e")
+KEY = b"k" * 32
+
+
+def test_a_run_is_reused_only_when_its_own_params_hold_the_settings_and_it_is_signed(
+    client: MlflowClient, tmp_path: Path
+) -> None:
+    experiment = new_experiment(client)
     wanted = settings_params(RESOLVED, "text")
-    assert find_finished(client, experiment, wanted) is None
+    assert find_finished(client, experiment, wanted, KEY).found is None
     job_run(client, experiment, wanted, status="FAILED")
     job_run(client, experiment, wanted, **{tags.SCOPE: "ar"})  # a method's run, not a job's
     forged = client.create_run(experiment, tags={tags.CONFIG_HASH: config_hash(wanted)})  # the tag alone
     client.log_batch(forged.info.run_id, params=[Param(k, "x") for k in wanted])
     client.set_terminated(forged.info.run_id, "FINISHED")
-    assert find_finished(client, experiment, wanted) is None
-    assert why_not(client.get_run(forged.info.run_id), wanted).startswith("its params differ (")
+    assert find_finished(client, experiment, wanted, KEY).found is None
+    assert why_not(client.get_run(forged.info.run_id), wanted, client, KEY).startswith("its params differ (")
+    whole_forgery = job_run(client, experiment, wanted)  # params matching value for value, but never signed
+    lookup = find_finished(client, experiment, wanted, KEY)
+    assert lookup.found is None
+    assert lookup.refused == f"run {whole_forgery}: it carries no signature of this user's orchestrator"
     good = job_run(client, experiment, wanted)
-    found = find_finished(client, experiment, wanted)
+    (tmp_path / "generations.jsonl").write_text('{"id": "a"}\n')
+    client.log_artifact(good, str(tmp_path / "generations.jsonl"))
+    sign_run(client, good, KEY)
+    found = find_finished(client, experiment, wanted, KEY).found
     assert found is not None and found.run_id == good
+    assert find_finished(client, experiment, wanted, b"o" * 32).found is None  # another user's key
     other = settings_params({**RESOLVED, "seed": 3}, "text")
-    assert find_finished(client, experiment, other) is None
+    assert find_finished(client, experiment, other, KEY).found is None
+    # the signature covers the files the figures come from: one changed after signing is refused
+    (tmp_path / "generations.jsonl").write_text('{"id": "b"}\n')
+    client.log_artifact(good, str(tmp_path / "generations.jsonl"))
+    assert "does not verify" in (why_not(client.get_run(good), wanted, client, KEY) or "")
+    # and a signature copied onto another run does not verify there
+    copy = job_run(client, experiment, wanted, **{tags.SIGNATURE: client.get_run(good).data.tags[tags.SIGNATURE]})
+    assert "does not verify" in (why_not(client.get_run(copy), wanted, client, KEY) or "")
+
+
+def test_the_signing_key_is_made_once_private_and_a_shared_one_is_refused(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    key = signing_key(state)
+    assert len(key) == 32 and signing_key(state) == key
+    assert (state / KEY_FILE).stat().st_mode & 0o777 == 0o600
+    (state / KEY_FILE).chmod(0o644)
+    with pytest.raises(KeyUnavailable, match="is not a private 32-byte key; remove it"):
+        signing_key(state)
 
 
 def test_the_parents_record_of_reused_jobs_is_read_as_numbers_and_ids(client: MlflowClient) -> None:
-    experiment = client.create_experiment("e")
+    experiment = new_experiment(client)
     parent = client.create_run(experiment)
     client.log_batch(
         parent.info.run_id,
@@ -105,7 +143,7 @@ def test_the_plan_counts_each_jobs_records_from_its_prompt_set(tmp_path: Path) -
 
 def test_an_all_failed_sweep_is_not_done(client: MlflowClient) -> None:
     """Twenty jobs that failed in the worker are twenty failed jobs, with no time per record (none decoded)."""
-    experiment = client.create_experiment("failed")
+    experiment = new_experiment(client)
     parent = client.create_run(experiment).info.run_id
     now = int(time.time() * 1000)
     for job in range(20):
@@ -115,7 +153,7 @@ def test_an_all_failed_sweep_is_not_done(client: MlflowClient) -> None:
 
 
 def test_the_estimate_is_the_time_per_record_so_far_times_the_records_left(client: MlflowClient) -> None:
-    experiment = client.create_experiment("e")
+    experiment = new_experiment(client)
     parent = client.create_run(experiment).info.run_id
     now = int(time.time() * 1000)
     for job, seconds in ((0, 20), (1, 40)):  # 60 s over 2 + 4 records: 10 s a record

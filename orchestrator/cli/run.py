@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 from rich.console import Console
@@ -50,6 +51,7 @@ from orchestrator.tracking import tags
 from orchestrator.tracking.client import outages_named
 from orchestrator.tracking.runs import create_job_run, end_unstarted_job, ensure_experiment
 from orchestrator.tracking.settings_digest import settings_params
+from orchestrator.tracking.signing import KeyUnavailable, signing_key
 from orchestrator.tracking.status import Outcome, RunStatus
 
 
@@ -147,12 +149,24 @@ def _finished_before(
     parent names it for this job (its page takes that run's figures) and nothing is decoded (True)."""
     with outages_named():
         experiment_id = ensure_experiment(client, config.experiment_name, config.tracking.artifact_root)
-        found = find_finished(client, experiment_id, settings)
-        if found is None:
+        try:
+            key = signing_key(Path(config.orchestrator.state_dir))
+        except KeyUnavailable as exc:
+            console.print(f"[yellow]sweep.resume: {escape(str(exc))}: decoding again[/yellow]")
             return False
-        client.set_tag(sweep.parent_run_id, reused_tag(sweep.job_num), found.run_id)
+        lookup = find_finished(client, experiment_id, settings, key)
     varying = " ".join(f"{k}={v}" for k, v in context.swept_values(sweep).items()) or "the grid's defaults"
     of = f" ({sweep.job_num + 1} of {sweep.jobs})" if sweep.jobs else ""
+    found = lookup.found
+    if found is None:
+        if lookup.refused is not None:
+            console.print(
+                f"sweep job #{sweep.job_num}{of}: a FINISHED run with these settings is not reused "
+                f"({escape(printable(lookup.refused))}): decoding again"
+            )
+        return False
+    with outages_named():
+        client.set_tag(sweep.parent_run_id, reused_tag(sweep.job_num), found.run_id)
     console.print(
         f"[bold]sweep job #{sweep.job_num}{of}[/bold]: {escape(varying)} · already FINISHED with these settings "
         f"as run {found.run_id} ({escape(printable(found.name))}): not decoded again"

@@ -20,6 +20,7 @@ from orchestrator.tracking.client import TrackingUnavailable, outages_named, sho
 from orchestrator.tracking.job_summary import generation_rows, method_note, prompt_dataset, summarize
 from orchestrator.tracking.plots import SUMMARY_FILE, plot_decode_summary
 from orchestrator.tracking.runs import end_run
+from orchestrator.tracking.signing import sign_run, signing_key
 from orchestrator.tracking.status import Outcome, RunStatus
 from remote_worker.prompt_set import RUN_PROMPTS_FILE
 from remote_worker.wording import counted
@@ -69,6 +70,20 @@ def collect(job: Job, outcome: Outcome) -> None:
                 raise
             except Exception as exc:  # noqa: BLE001 - the description is an extra; the metrics are in
                 job.live.note(f"[yellow]no description: {type(exc).__name__}: {short_reason(exc)}[/yellow]")
+    if outcome.status is RunStatus.FINISHED:
+        _sign(job)
+
+
+def _sign(job: Job) -> None:
+    """The finished run's signature (`tracking/signing.py`): a sweep run again reuses only runs that carry it."""
+    try:
+        key = signing_key(Path(job.config.orchestrator.state_dir))
+        with outages_named():
+            sign_run(job.client, job.state.run_id, key)
+    except TrackingUnavailable:
+        raise
+    except Exception as exc:  # noqa: BLE001 - unsigned costs a decode again on resume, never a figure
+        job.live.note(f"[yellow]run not signed (a sweep run again decodes it again): {short_reason(exc)}[/yellow]")
 
 
 def _describe(job: Job, summary: Path, tmp: Path) -> None:

@@ -115,6 +115,7 @@ class SweepCallback(Callback):
             runless_jobs(folder, record["started"] - 1.0),  # 1 s for file systems with coarse times
             list(record.get("swept") or []),
             record.get("grid"),
+            _key(config),
         )
         last_exit_code = RunStatus(status).exit_code
 
@@ -155,6 +156,17 @@ def _grid(config: DictConfig) -> tuple[int | None, list[str], list[list[str]]]:
         return None, swept, []
     jobs = [[str(o) for o in job] for batch in batches for job in batch]
     return len(jobs), swept, jobs
+
+
+def _key(config: DictConfig) -> bytes | None:
+    """The user's signing key, to check the runs the sweep reused; None (they are refused) where it cannot be read."""
+    from orchestrator.tracking.signing import KeyUnavailable, signing_key
+
+    try:
+        return signing_key(Path(str(config.orchestrator.state_dir)))
+    except KeyUnavailable as exc:
+        print(f"reused runs not checked: {exc}", file=sys.stderr)
+        return None
 
 
 def _client(config: DictConfig) -> Any:

@@ -4,10 +4,11 @@ Every job run carries `orchestrator.config_hash`, the digest of what decides its
 (`tracking/settings_digest.py`: the worker's settings, the seed and the prompt set's text).
 
 A run found by its tag is a claim, not a proof (a tracking server without authentication lets anyone set
-any tag): it is reused only when it FINISHED, is a job run, and its own params — which MLflow never lets
-anyone change once logged — hold every one of this job's settings, value for value. A store that anyone can
-write can still be given a whole forged run with the right params; the job's line names the run it reused,
-and `sweep.resume=false` decodes everything again.
+any tag): it is reused only when it FINISHED, is a job run, its own params — which MLflow never lets anyone
+change once logged — hold every one of this job's settings, value for value, and its signature verifies under
+this user's key (`tracking/signing.py`): a whole run forged on an open store, params and all, is decoded
+again, and the job's line says why. The same check holds wherever a reused run is named (`why_not`): a
+`sweep.reused.<job>` tag on a sweep's parent is a claim too.
 
 The new sweep's parent run records each reused job as `sweep.reused.<job>` = the run's id, so its page
 covers the jobs decoded before and now (`rows.sweep_rows`).
@@ -23,6 +24,7 @@ from mlflow.tracking import MlflowClient
 
 from orchestrator.tracking import tags
 from orchestrator.tracking.settings_digest import config_hash
+from orchestrator.tracking.signing import unsigned_reason
 
 
 @dataclass(frozen=True)
@@ -31,8 +33,17 @@ class Reusable:
     name: str
 
 
-def why_not(run: Run, expected: Mapping[str, str]) -> str | None:
-    """Why a run found by its digest cannot stand for this job (None: it can)."""
+@dataclass(frozen=True)
+class Lookup:
+    """What resume found: a run to reuse, or None and, where a candidate was turned down, why."""
+
+    found: Reusable | None
+    refused: str | None = None  # `run <id> <why>`, for the job's line
+
+
+def why_not(run: Run, expected: Mapping[str, str], client: MlflowClient, key: bytes) -> str | None:
+    """Why a run named as this job's (by its digest, or by a sweep's reused tag) cannot stand for it (None: it
+    can). `expected`: the job's settings ({} where only the run's own kind and signature are checked)."""
     if run.info.status != "FINISHED":
         return f"it is {run.info.status}"
     if run.data.tags.get(tags.ROLE, "job") != "job" or tags.SCOPE in run.data.tags:
@@ -40,17 +51,20 @@ def why_not(run: Run, expected: Mapping[str, str]) -> str | None:
     differing = sorted(k for k, v in expected.items() if run.data.params.get(k) != v)
     if differing:
         return f"its params differ ({', '.join(differing[:3])}{', …' if len(differing) > 3 else ''})"
-    return None
+    return unsigned_reason(client, run, key)
 
 
-def find_finished(client: MlflowClient, experiment_id: str, expected: Mapping[str, str]) -> Reusable | None:
-    """The newest FINISHED job run of the experiment with these settings, checked by its params; None."""
+def find_finished(client: MlflowClient, experiment_id: str, expected: Mapping[str, str], key: bytes) -> Lookup:
+    """The newest FINISHED job run of the experiment with these settings that this user's orchestrator signed."""
     digest = config_hash(expected)
     query = f"tags.`{tags.CONFIG_HASH}` = '{digest}' and attributes.status = 'FINISHED'"
+    refused = None
     for run in client.search_runs([experiment_id], query, max_results=50, order_by=["attributes.start_time DESC"]):
-        if why_not(run, expected) is None:
-            return Reusable(run.info.run_id, run.info.run_name or run.info.run_id)
-    return None
+        reason = why_not(run, expected, client, key)
+        if reason is None:
+            return Lookup(Reusable(run.info.run_id, run.info.run_name or run.info.run_id), refused)
+        refused = refused or f"run {run.info.run_id}: {reason}"
+    return Lookup(None, refused)
 
 
 def reused_tag(job: int) -> str:

@@ -18,6 +18,7 @@ from orchestrator.tracking import tags as mlflow_tags
 INTERVALS = ("tau_ci_low", "tau_ci_high", "speedup_vs_ar_ci_low", "speedup_vs_ar_ci_high", "speedup_vs_dflash",
              "speedup_vs_dflash_ci_low", "speedup_vs_dflash_ci_high")  # fmt: skip
 METRICS = ("tau", "speedup_vs_ar", "tokens_per_s", "lossless", *INTERVALS)
+REFUSED = "REFUSED"  # a row a sweep's parent names as reused that fails the checks: shown, never the sweep's status
 
 
 @dataclass(frozen=True)
@@ -75,20 +76,33 @@ def _children(client: MlflowClient, experiment_ids: list[str], parent: str) -> l
     return client.search_runs(experiment_ids, f"tags.mlflow.parentRunId = '{parent}'", max_results=10000)
 
 
-def sweep_rows(client: MlflowClient, parent_run_id: str) -> list[Row]:
+def sweep_rows(client: MlflowClient, parent_run_id: str, key: bytes | None = None) -> list[Row]:
     """One row per (job, method); a job without method runs (a probe, a failure) is one row. A job the sweep
-    took from an earlier run (`sweep.resume`) is read from that run, under this sweep's job number."""
+    took from an earlier run (`sweep.resume`) is read from that run, under this sweep's job number, when that
+    run passes the checks resume applies (`resume.why_not`, its signature under `key`): a `sweep.reused.<job>`
+    tag is a claim anyone may write on the parent. One that fails is a REFUSED row saying why, which leaves
+    the sweep's status as its own jobs make it."""
     experiment_ids = [e.experiment_id for e in client.search_experiments()]
     jobs = [(_job_number(run.data.tags), run, "") for run in _children(client, experiment_ids, parent_run_id)]
     gone: list[Row] = []
-    for number, run_id in reused_jobs(client.get_run(parent_run_id)).items():
+    parent = client.get_run(parent_run_id)
+    for number, run_id in reused_jobs(parent).items():
         try:
             earlier = client.get_run(run_id)
         except MlflowException:
             earlier = None
-        if earlier is None or why_not(earlier, {}) is not None:
-            error = f"the run it reused ({run_id}) is gone or no longer a FINISHED job run"
-            gone.append(Row(job=number, status="FAILED", model="", overrides="", error=error))
+        if earlier is None:
+            why = "is gone"
+        elif earlier.info.experiment_id != parent.info.experiment_id:
+            why = "is in another experiment"
+        elif key is None:
+            why = "cannot be checked here (no signing key)"
+        else:
+            reason = why_not(earlier, {}, client, key)
+            why = None if reason is None else f"is refused: {reason}"
+        if why is not None:
+            error = printable(f"the run named as reused ({run_id}) {why}")[:300]
+            gone.append(Row(job=number, status=REFUSED, model="", overrides="", error=error))
         else:
             jobs.append((number, earlier, run_id))
     jobs.sort(key=lambda job: job[0])

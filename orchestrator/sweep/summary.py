@@ -23,7 +23,7 @@ from rich.table import Table
 from orchestrator.sweep.page import FIGURES, description, fastest, figure_cells, grid_params, job_metrics
 from orchestrator.sweep.paper.page import paper_section
 from orchestrator.sweep.plot import plot_sweep
-from orchestrator.sweep.rows import Row, short_names, sweep_rows, varying_keys
+from orchestrator.sweep.rows import REFUSED, Row, short_names, sweep_rows, varying_keys
 from orchestrator.tracking import tags as mlflow_tags
 from orchestrator.tracking.runs import run_url
 from orchestrator.tracking.status import NOT_STARTED, STATUS_STYLE
@@ -53,7 +53,7 @@ def fitted(page: str, limit: int = MAX_TAG_VAL_LENGTH) -> str:
 
 
 def sweep_status(rows: list[Row]) -> str:
-    statuses = {row.status for row in rows}
+    statuses = {row.status for row in rows if row.status != REFUSED}
     if "FAILED" in statuses:
         return "FAILED"
     if "KILLED" in statuses:
@@ -69,14 +69,16 @@ def summarize_sweep(
     job_dirs: dict[int, str],
     swept: list[str] | None = None,
     grid: list[dict[str, str]] | None = None,
+    key: bytes | None = None,
 ) -> str:
     """Give the parent run its page (description, the grid as params, every job's headline metrics, the
     table as files, the plot), end it, print the table and its address; return the sweep's status.
 
     `job_dirs` maps every job Hydra launched to the error it recorded before it had a run (or ""): a job
     without a run is a FAILED row, never a silent gap. `swept` are the keys the sweep varies, `grid` each job's
-    settings. A sweep over the paper's datasets ends on the paper's table, the job table left to its page."""
-    rows = sweep_rows(client, parent_run_id)
+    settings, `key` the user's signing key (a reused run counts only when its signature verifies). A sweep
+    over the paper's datasets ends on the paper's table, the job table left to its page."""
+    rows = sweep_rows(client, parent_run_id, key)
     with_runs = {row.job for row in rows}
     for job, error in sorted(job_dirs.items()):
         if job not in with_runs:
@@ -99,8 +101,9 @@ def summarize_sweep(
         client.log_artifact(parent_run_id, str(folder / MARKDOWN_FILE))
         for figure in plot_sweep(rows, folder):
             client.log_artifact(parent_run_id, str(figure), artifact_path="plots")
-    jobs = {row.job: row for row in rows}
+    jobs = {row.job: row for row in rows if row.status != REFUSED}
     failed = [row for row in jobs.values() if row.status != "FINISHED"]
+    refused = [row for row in rows if row.status == REFUSED]
     run_tags = [
         RunTag(mlflow_tags.NOTE, fitted(page)),
         RunTag(mlflow_tags.SWEEP_JOBS, str(len(jobs))),
@@ -133,6 +136,8 @@ def summarize_sweep(
         console.print(_table(rows, status))
     for row in failed:
         console.print(f"[red]job #{row.job} {row.status}[/red] ({escape(row.varies)}): {escape(row.error)}")
+    for row in refused:
+        console.print(f"[yellow]job #{row.job} not taken from an earlier run[/yellow]: {escape(row.error)}")
     if best is not None and paper is None:  # across datasets, the fastest row compares nothing comparable
         console.print(escape(best.line(short_names(varying_keys(rows)))))
     console.print(

@@ -63,6 +63,7 @@ SWEEP_BEST_JOB = "sweep.best_job"
 # A sweep run again (`sweep/resume.py`): each job run's settings digest, and on a sweep's parent the jobs it
 # took from earlier runs with the same settings (`sweep.reused.<job>` = that run's id).
 CONFIG_HASH = "orchestrator.config_hash"
+SIGNATURE = "orchestrator.signature"  # HMAC of a FINISHED job run by its user's key (tracking/signing.py)
 SWEEP_REUSED_PREFIX = "sweep.reused."
 
 # A sweep job Slurm ran (`sweep/slurm.py`): its job id (`123_4` for an array's task), how often it was requeued.
