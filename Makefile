@@ -42,7 +42,8 @@ CHECK_TESTS = tests/test_architecture.py tests/test_lifecycle.py tests/test_vali
 	tests/test_events.py tests/test_mirror.py tests/test_sink.py tests/test_gdn_math.py \
 	tests/test_target_and_trees.py tests/test_twins.py tests/test_host_failures.py tests/test_job_summary.py tests/test_layout.py \
 	tests/test_fixed_round.py tests/test_slurm_logic.py tests/test_bootstrap.py tests/test_budget_page.py tests/test_trust.py \
-	tests/test_paper_datasets.py tests/test_paper_table.py tests/test_resume_and_plan.py
+	tests/test_paper_datasets.py tests/test_paper_table.py tests/test_resume_and_plan.py tests/test_prompt_text.py \
+	tests/test_home_paths.py
 
 ## check: the fast in-process tests (about 2.5 minutes on 2 cores): `make check` while working, `make test` before a commit
 check: $(STAMP)

@@ -5,4 +5,4 @@ from __future__ import annotations
 
 def counted(count: int, noun: str, plural: str | None = None) -> str:
     """`count` and `noun`, the noun plural unless the count is one (`plural` where an `s` will not do)."""
-    return f"{count} {noun if count == 1 else plural or noun + 's'}"
+    return f"{count:,} {noun if count == 1 else plural or noun + 's'}"  # 2,304 records
