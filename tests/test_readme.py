@@ -96,3 +96,35 @@ def test_the_quick_start_runs_as_written(checkout_copy: Path) -> None:
     listed = outputs[next(c for c in commands if "list=all" in c)]
     assert listed.count("FINISHED") >= 2, listed
     assert outputs[next(c for c in commands if "--help" in c)].strip() == help_text(80).strip()
+
+
+TRY_START, TRY_END = "<!-- paper-try-out:", "<!-- /paper-try-out -->"
+
+
+def paper_try_out() -> str:
+    text = README.read_text(encoding="utf-8")
+    block = text.split(TRY_START, 1)[1].split("\n", 1)[1].split(TRY_END, 1)[0]
+    (command,) = [line.strip() for line in block.splitlines() if line.strip()]
+    return command
+
+
+def test_the_paper_sections_try_out_runs_as_written(checkout_copy: Path, tmp_path: Path) -> None:
+    """`experiment.datasets_dir=~/hf-datasets` as typed (Hydra's grammar has no `~`), over a mirror in the hub's
+    layout under a HOME of the test's own; the sweep ends on the paper's table at 80 columns."""
+    from tests.paper_mirror import build_mirror
+
+    home = tmp_path / "home"
+    build_mirror(home / "hf-datasets", rows_per_set=2, odd=True)
+    command = paper_try_out()
+    assert command.startswith("python -m orchestrator --multirun sweep=paper") and "=~/hf-datasets" in command
+    env = {**os.environ, "COLUMNS": "80", "PYTHONPATH": str(checkout_copy), "HOME": str(home)}
+    env["HF_DATASETS_CACHE"] = str(tmp_path / "hf-cache")
+    argv = [str(PROJECT_ROOT / ".venv" / "bin" / "python"), *shlex.split(command)[1:]]
+    done = subprocess.run(argv, cwd=checkout_copy, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    lines = done.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("The paper's table: tiny_trained"))
+    table = lines[start : start + 5]
+    assert table[2].split() == ["dataset", "DFlash", "DDTree", "DFlash", "DDTree", "budget"], table
+    assert table[3].split()[0] == "gsm8k" and table[4].startswith("mean (1 set)"), table
+    assert max(len(line) for line in table) <= 80

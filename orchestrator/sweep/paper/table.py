@@ -173,7 +173,7 @@ def _means(found: Sequence[Entry], temperatures: Sequence[float]) -> list[tuple[
 def _mean_label(means: Sequence[tuple[int, float, float] | None]) -> str:
     """`mean of 10 datasets`; `mean of 9/10 datasets` where the columns cover different numbers of them."""
     counts = sorted({m[0] for m in means if m is not None}, reverse=True)
-    return f"mean of {'/'.join(map(str, counts)) or '0'} datasets"
+    return f"mean of {'/'.join(map(str, counts)) or '0'} dataset{'' if counts == [1] else 's'}"
 
 
 def markdown(found: Sequence[Entry], model: str, missing: Sequence[Missing] = ()) -> str:
@@ -229,7 +229,7 @@ def terminal_lines(found: Sequence[Entry], model: str, missing: Sequence[Missing
     counts = sorted({m[0] for m in means if m is not None}, reverse=True)
     rows.append(
         [
-            f"mean ({'/'.join(map(str, counts)) or '0'} sets)",
+            f"mean ({'/'.join(map(str, counts)) or '0'} set{'' if counts == [1] else 's'})",
             *(f"×{m[1]:.2f} τ{m[2]:.2f}" if m else "–" for m in means),
             "",
         ]
