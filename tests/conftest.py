@@ -176,6 +176,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     module = report.nodeid.split("::", 1)[0]
     _MODULE_SECONDS[module] = _MODULE_SECONDS.get(module, 0.0) + report.duration
     _MODULE_TESTS.setdefault(module, set()).add(report.nodeid)
+    log = os.environ.get("TEST_DURATIONS_LOG")  # each phase's time as it ends: a run one watches
+    if log:
+        with open(log, "a", encoding="utf-8") as out:
+            out.write(f"{report.duration:8.2f} {report.when:8} {report.outcome:7} {report.nodeid}\n")
 
 
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:

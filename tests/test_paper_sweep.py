@@ -20,6 +20,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from orchestrator.sweep.paper.table import DATASETS
+from orchestrator.tracking.markdown_table import plain_markdown
 from tests.conftest import MlflowServer, group_alive, run_orchestrator, start_orchestrator
 from tests.paper_mirror import build_mirror
 
@@ -114,8 +115,13 @@ def test_a_paper_sweep_stopped_and_run_again_decodes_only_what_is_missing(
     assert {(r["dataset"], r["temperature"]) for r in table} == {(d, t) for d in DATASETS for t in ("0", "1")}
     assert {r["records"] for r in table if r["dataset"] != "mt-bench"} == {"2"}
     assert {r["records"] for r in table if r["dataset"] == "mt-bench"} == {"4"}  # two conversations, two turns each
-    page = parent.data.tags["mlflow.note.content"]
+    page = plain_markdown(parent.data.tags["mlflow.note.content"])
     assert page.startswith("### The paper's table: tiny_trained") and "| mt-bench |" in page
+    # and the terminal's last screen is that table, 80 columns wide
+    start = result.stdout.index("The paper's table: tiny_trained")
+    table = result.stdout[start:].splitlines()[:14]
+    assert [line.split()[0] for line in table[3:13]] == list(DATASETS) and table[13].startswith("mean (10 sets)")
+    assert max(len(line) for line in table) <= 80
 
     # The shards of gsm8k at T = 1 decode exactly the records of the whole job, and merge into its figures.
     shards = run_orchestrator(
