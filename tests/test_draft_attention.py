@@ -19,7 +19,9 @@ from remote_worker.cache.hybrid_cache import apply_rope
 from remote_worker.models.dflash import DFlashDraft, build_draft, draft_config, layer_rules, load_draft
 from tests.tiny_models import random_prompt, tiny
 
-pytestmark = pytest.mark.worker
+# worker: only the worker's dependencies; compat: it touches transformers, so `make test-compat` runs it
+# under the oldest supported release too
+pytestmark = [pytest.mark.worker, pytest.mark.compat]
 
 FIXTURES = Path(__file__).resolve().parent.parent / "remote_worker" / "fixtures"
 

@@ -25,7 +25,9 @@ from remote_worker.op_count import count_operations
 from tests import specs
 from tests.tiny_models import model_spec, random_prompt, tiny
 
-pytestmark = pytest.mark.worker
+# worker: only the worker's dependencies; compat: it touches transformers, so `make test-compat` runs it
+# under the oldest supported release too
+pytestmark = [pytest.mark.worker, pytest.mark.compat]
 
 
 def random_logits(case: int, dtype: torch.dtype) -> tuple[torch.Tensor, int]:

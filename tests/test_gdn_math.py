@@ -19,7 +19,9 @@ from remote_worker.cache.gdn_math import (
 from remote_worker.cache.hybrid_cache import CacheLayout, GDNPending, HybridCache
 from remote_worker.cache.tree import Tree
 
-pytestmark = pytest.mark.worker  # also run under the oldest supported transformers (make test-compat)
+# worker: only the worker's dependencies; compat: it touches transformers, so `make test-compat` runs it
+# under the oldest supported release too
+pytestmark = [pytest.mark.worker, pytest.mark.compat]
 
 
 @st.composite

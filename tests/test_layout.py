@@ -19,7 +19,9 @@ from remote_worker.models.loading import load_model
 from remote_worker.models.twins import twin_cases
 from remote_worker.spec import ModelSpec, parse_spec
 
-pytestmark = pytest.mark.worker  # also run under the oldest supported transformers (make test-compat)
+# worker: only the worker's dependencies; compat: it touches transformers, so `make test-compat` runs it
+# under the oldest supported release too
+pytestmark = [pytest.mark.worker, pytest.mark.compat]
 
 QWEN36 = next(case for case in twin_cases() if case.id == "Qwen3.6-27B-DFlash")
 

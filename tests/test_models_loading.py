@@ -27,7 +27,9 @@ from remote_worker.spec import ModelSpec
 from tests.teacher_drafter import TeacherDrafter
 from tests.tiny_models import random_prompt, tiny
 
-pytestmark = pytest.mark.worker  # also run under the oldest supported transformers (make test-compat)
+# worker: only the worker's dependencies; compat: it touches transformers, so `make test-compat` runs it
+# under the oldest supported release too
+pytestmark = [pytest.mark.worker, pytest.mark.compat]
 
 TEXT = dict(
     vocab_size=512,

@@ -11,7 +11,9 @@ from remote_worker.models.moe import GATHERED, SparseMoE, is_sparse_moe
 from tests.rounding import rounding_bound
 from tests.tiny_models import tiny
 
-pytestmark = pytest.mark.worker
+# worker: only the worker's dependencies; compat: it touches transformers, so `make test-compat` runs it
+# under the oldest supported release too
+pytestmark = [pytest.mark.worker, pytest.mark.compat]
 
 
 def moe_blocks(dtype: str, kind: str = "qwen3_next") -> list[torch.nn.Module]:

@@ -20,7 +20,9 @@ from remote_worker.experiments.probe import PROBE_FILE, run_probe
 from remote_worker.probes.hybrid_cache_check import verdict
 from remote_worker.spec import parse_spec
 
-pytestmark = pytest.mark.worker  # also run under the oldest supported transformers (make test-compat)
+# worker: only the worker's dependencies; compat: it touches transformers, so `make test-compat` runs it
+# under the oldest supported release too
+pytestmark = [pytest.mark.worker, pytest.mark.compat]
 
 
 def probe_spec(run_dir: Path, model: str, dtype: str = "float32") -> dict:

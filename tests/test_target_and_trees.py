@@ -16,7 +16,9 @@ from remote_worker.probes.hybrid_cache_check import check_hybrid_cache
 from tests.rounding import model_bound, own_forward_bound
 from tests.tiny_models import TINY_MODELS, random_prompt, tiny
 
-pytestmark = pytest.mark.worker  # also run under the oldest supported transformers (make test-compat)
+# worker: only the worker's dependencies; compat: it touches transformers, so `make test-compat` runs it
+# under the oldest supported release too
+pytestmark = [pytest.mark.worker, pytest.mark.compat]
 
 
 @pytest.mark.parametrize("name", TINY_MODELS)

@@ -26,7 +26,9 @@ from remote_worker.spec import ModelSpec
 from tests.lossless import assert_lossless
 from tests.rounding import model_bound, own_forward_bound
 
-pytestmark = pytest.mark.worker  # also run under the oldest supported transformers (make test-compat)
+# worker: only the worker's dependencies; compat: it touches transformers, so `make test-compat` runs it
+# under the oldest supported release too
+pytestmark = [pytest.mark.worker, pytest.mark.compat]
 
 CASES = {case.id: case for case in twin_cases()}
 TARGETS = {case.target.name: case.target for case in CASES.values()}

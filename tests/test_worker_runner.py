@@ -72,6 +72,7 @@ def test_sigterm_at_any_moment_ends_the_run_killed(tmp_path: Path, delay: float)
     assert not any(e.kind == "traceback" for e in log)
 
 
+@pytest.mark.compat  # the worker process whole, decoding, under the oldest transformers too
 def test_sampling_sweep_reports_no_lossless(tmp_path: Path) -> None:
     """At temperature > 0 outputs differ from AR's by design: every metric but `lossless` is reported."""
     spec = decode_spec(tmp_path)
