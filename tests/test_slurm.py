@@ -25,7 +25,13 @@ pytestmark = pytest.mark.slow
 
 # A worker that decodes for minutes (far longer than any of these tests lets it), and one of about 20 s.
 DECODE = ("model=tiny_hybrid", "decode.tree_budgets=[8]")
-LONG_DECODE = (*DECODE, "experiment.num_prompts=6", "decode.max_new_tokens=1000", "decode.repeats=20")
+LONG_DECODE = (
+    *DECODE,
+    "experiment.num_prompts=6",
+    "decode.max_new_tokens=1000",
+    "decode.repeats=20",
+    "decode.node_costs=false",
+)
 SHORT_DECODE = (*DECODE, "experiment.num_prompts=2", "decode.max_new_tokens=96")
 
 
@@ -159,7 +165,8 @@ def test_a_grid_through_slurm_ends_with_every_job_a_finished_child_run(
     slurm: SlurmCluster, mlflow_server: MlflowServer, tmp_path: Path
 ) -> None:
     """`make sweep`'s grid (its temperature fixed: 4 jobs), each job a Slurm array task on the cluster's node."""
-    args = ["sweep=default", "decode.temperature=0", "experiment.num_prompts=1", "decode.max_new_tokens=16"]
+    args = ["sweep=default", "decode.temperature=0", "experiment.num_prompts=1", "decode.max_new_tokens=16",
+            "decode.node_costs=false"]  # fmt: skip
     result = run_orchestrator(slurm_args(slurm, mlflow_server, tmp_path, *args), tmp_path, timeout=400)
     assert result.returncode == 0, result.stdout + result.stderr
     client = MlflowClient(tracking_uri=mlflow_server.uri)

@@ -27,7 +27,13 @@ from tests.test_launch import assert_never_shared
 
 pytestmark = pytest.mark.slow
 
-SHORT_DECODE = ("experiment.num_prompts=1", "decode.max_new_tokens=8", "decode.tree_budgets=[4,8]")
+# node costs off: these tests are about the sweep, and the node-cost probe is proven end to end in test_end_to_end
+SHORT_DECODE = (
+    "experiment.num_prompts=1",
+    "decode.max_new_tokens=8",
+    "decode.tree_budgets=[4,8]",
+    "decode.node_costs=false",
+)
 
 
 def sweep_args(args: list[str], mlflow_server: MlflowServer, tmp_path: Path) -> list[str]:
