@@ -12,6 +12,7 @@ config error naming its file and line; the longest prompt bounds the largest tre
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,13 @@ def _prompt_file(experiment: dict[str, Any], checkpoint: Path | None) -> tuple[l
     return load_prompt_file(path, limit), str(path)
 
 
+@functools.lru_cache(maxsize=4)  # a sweep checks every job's prompts before the first: one load per model
+def _tokenizer(checkpoint: Path) -> Any:
+    import transformers
+
+    return transformers.AutoTokenizer.from_pretrained(checkpoint)
+
+
 def prompt_lengths(container: dict[str, Any], vocab: int | None) -> list[PromptLength] | None:
     """Every prompt's token count under the run's model, or None where this machine cannot count them (the
     tokenizer is only on the host). Raises PromptTooShort for a prompt the decode cannot start from."""
@@ -60,11 +68,7 @@ def prompt_lengths(container: dict[str, Any], vocab: int | None) -> list[PromptL
     prompts, source = _prompt_file(container["experiment"], checkpoint)
     from remote_worker.prompts import encode  # torch and transformers: only for a run about to launch
 
-    tokenizer = None
-    if checkpoint is not None:
-        import transformers
-
-        tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoint)
+    tokenizer = _tokenizer(checkpoint) if checkpoint is not None else None
     thinking = bool(container["experiment"].get("enable_thinking", False))
     lengths = []
     for prompt in prompts:
