@@ -119,9 +119,9 @@ def test_a_paper_sweep_stopped_and_run_again_decodes_only_what_is_missing(
     assert page.startswith("### The paper's table: tiny_trained") and "| mt-bench |" in page
     # and the terminal's last screen is that table, 80 columns wide
     start = result.stdout.index("The paper's table: tiny_trained")
-    table = result.stdout[start:].splitlines()[:14]
-    assert [line.split()[0] for line in table[3:13]] == list(DATASETS) and table[13].startswith("mean (10 sets)")
-    assert max(len(line) for line in table) <= 80
+    screen = result.stdout[start:].splitlines()[:14]
+    assert [line.split()[0] for line in screen[3:13]] == list(DATASETS) and screen[13].startswith("mean (10 sets)")
+    assert max(len(line) for line in screen) <= 80
 
     # The shards of gsm8k at T = 1 decode exactly the records of the whole job, and merge into its figures.
     shards = run_orchestrator(
