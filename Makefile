@@ -36,8 +36,8 @@ test: $(STAMP)
 
 # The inner loop's answer in about two and a half minutes: the lifecycle on a fake transport and tracking,
 # validation, redaction, the layers, the event path, host failures, the job's summary, the tree and cache
-# math, the published layouts and their twins in float64, the fixed-shape rounds; no MLflow server, sshd or
-# orchestrator process.
+# math, the published layouts and their twins in float64, the fixed-shape rounds, the paper's sets and table,
+# prompt text of every kind; one MLflow server (resume's forged-run check), no sshd or orchestrator process.
 CHECK_TESTS = tests/test_architecture.py tests/test_lifecycle.py tests/test_validation.py tests/test_redaction.py \
 	tests/test_events.py tests/test_mirror.py tests/test_sink.py tests/test_gdn_math.py \
 	tests/test_target_and_trees.py tests/test_twins.py tests/test_host_failures.py tests/test_job_summary.py tests/test_layout.py \
