@@ -24,6 +24,7 @@ from orchestrator.sweep.paper.table import (
     JobRecords,
     Missing,
     entries,
+    load_job,
     markdown,
     paper_figures,
     terminal_lines,
@@ -169,3 +170,20 @@ def test_a_decoded_budget_shows_its_measured_tau_beside_the_curves() -> None:
     page = plain_markdown(markdown(found, "m"))
     row = next(line for line in page.splitlines() if line.startswith("| gsm8k | 0 |"))
     assert "τ 1.00 (decoded τ 4.00 ⚠)" in row and "⚠ 2 decoded budgets measured a tau outside" in page
+
+
+def test_a_decode_shorter_than_a_draft_block_reports_no_curve_and_says_why(tmp_path: Path) -> None:
+    """8 new tokens with blocks of 16: no round holds a whole tree, so the curve (τ 1.00 at 64 where 64 measured
+    4.00) is left out with the reason; 32 new tokens keep it."""
+    rows = [{"id": f"g-{i}", "methods": {"ar": {"tokens": [1] * 8, "decode_s": 0.8, "tau": 1.0},
+                                         "ddtree_tb64": {"tokens": [1] * 8, "decode_s": 0.2, "tau": 4.0}}}
+            for i in range(5)]  # fmt: skip
+    (tmp_path / "g.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = {"block_size": 16, "budget_curve": {"tau": [1.0] * 64}, "prediction": {}, "methods": []}
+    (tmp_path / "s.json").write_text(json.dumps(summary))
+    short = load_job(tmp_path / "g.jsonl", tmp_path / "s.json", "gsm8k", 0.0, "m", max_new_tokens=8)
+    page = plain_markdown(markdown(entries([short]), "m"))
+    assert "**Every budget**: not shown for the jobs whose decode.max_new_tokens=8 is shorter than a draft " in page
+    assert "| gsm8k | 0 |" not in page
+    long = load_job(tmp_path / "g.jsonl", tmp_path / "s.json", "gsm8k", 0.0, "m", max_new_tokens=32)
+    assert "| gsm8k | 0 |" in plain_markdown(markdown(entries([long]), "m"))

@@ -91,7 +91,8 @@ def paper_jobs(client: MlflowClient, rows: Sequence[Row], folder: Path) -> tuple
             except (MlflowException, OSError):
                 summary = None
             temperature = float(run.data.params.get("decode.temperature", "0"))
-            jobs.append(load_job(generations, summary, dataset, temperature, row.model))
+            new_tokens = int(run.data.params.get("decode.max_new_tokens") or 0)
+            jobs.append(load_job(generations, summary, dataset, temperature, row.model, new_tokens))
         except (MlflowException, OSError, ValueError, KeyError) as exc:
             left_out.append(f"job #{row.job} ({row.run_id}) left out: {type(exc).__name__}: {str(exc)[:200]}")
     return jobs, left_out

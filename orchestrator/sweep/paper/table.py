@@ -85,6 +85,7 @@ class Entry:
     curve: dict[int, tuple[float, float | None]] = field(default_factory=dict)  # budget -> (tau, predicted ×)
     jobs: int = 1
     measured: dict[int, Cell] = field(default_factory=dict)  # each decoded budget's own cell, beside the curve's
+    curve_withheld: tuple[str, ...] = ()  # why a job's curve was left out (a decode shorter than a draft block)
 
 
 def curve_of(summaries: Sequence[Mapping | None]) -> dict[int, tuple[float, float | None]]:
@@ -123,9 +124,10 @@ def entries(jobs: Sequence[JobRecords]) -> list[Entry]:
         complete = [r for r in records if "ar" in r.methods]
         dflash = cell(complete, "dflash") if complete and all("dflash" in r.methods for r in complete) else None
         measured = {b: cell(complete, scope, b) for scope, b in ddtree_scopes(complete).items()} if complete else {}
+        withheld = tuple(str(j.summary["curve_withheld"]) for j in group if (j.summary or {}).get("curve_withheld"))
         found.append(
             Entry(dataset, temperature, len(complete), dflash, best_ddtree(complete),
-                  curve_of([job.summary for job in group]), len(group), measured)
+                  curve_of([job.summary for job in group]), len(group), measured, withheld)
         )  # fmt: skip
     return found
 
@@ -255,6 +257,11 @@ def _curve_lines(found: Sequence[Entry]) -> list[str]:
     """Tau and predicted speedup at every budget from the largest budget's trees; at a budget that was decoded,
     its measured tau beside the curve's, flagged where they differ by more than the measurement's interval."""
     budgets = sorted({b for e in found for b in e.curve})
+    withheld = sorted({why for e in found for why in e.curve_withheld})
+    if withheld:
+        reasons = "; ".join(withheld)
+        return [f"**Every budget**: not shown for the jobs whose {reasons}: no round could hold a whole tree, "
+                "so the curve would understate every budget. Decode more tokens for it."]  # fmt: skip
     if not budgets:
         return []
     rows, flagged = [], 0
@@ -326,9 +333,17 @@ def _bound(interval: Interval | None, side: str) -> str:
     return "" if interval is None else f"{getattr(interval, side):.4f}"
 
 
-def load_job(generations: Path, summary: Path | None, dataset: str, temperature: float, model: str) -> JobRecords:
-    """A job's records and budget curve from its downloaded files."""
+def load_job(
+    generations: Path, summary: Path | None, dataset: str, temperature: float, model: str, max_new_tokens: int = 0
+) -> JobRecords:
+    """A job's records and budget curve from its downloaded files. A decode shorter than one draft block
+    (`max_new_tokens`, from the job's params) cannot hold a whole tree in any round: its curve is left out,
+    and the table says why (a curve of such rounds once said τ 1.00 where the decode measured 4.00)."""
     with generations.open(encoding="utf-8") as f:
         records = read_records(f)
     document = json.loads(summary.read_text(encoding="utf-8")) if summary is not None and summary.is_file() else None
+    block = int((document or {}).get("block_size") or 0)
+    if document is not None and 0 < max_new_tokens < block and document.get("budget_curve"):
+        why = f"decode.max_new_tokens={max_new_tokens} is shorter than a draft block ({block})"
+        document = {**document, "budget_curve": None, "curve_withheld": why}
     return JobRecords(dataset, temperature, model, records, document)
