@@ -176,3 +176,30 @@ def test_the_estimate_is_the_time_per_record_so_far_times_the_records_left(clien
         == "plan: 4/5 jobs done (1 reused, 1 failed) in 6.7 GPU-min (10.0 s a record)"
     )
     assert gpu_time(59) == "59 GPU-s" and gpu_time(600) == "10.0 GPU-min" and gpu_time(36000) == "10.0 GPU-h"
+
+
+def test_a_forged_reused_tag_on_a_sweeps_parent_is_a_refused_row_never_the_sweeps_figures(
+    client: MlflowClient, tmp_path: Path
+) -> None:
+    """`sweep.reused.<job>` is a claim anyone may write on the parent: the run it names is read only when it is a
+    signed job run of the sweep's own experiment; anything else is a REFUSED row, and the sweep stays FINISHED."""
+    from orchestrator.sweep.rows import REFUSED, sweep_rows
+    from orchestrator.sweep.summary import sweep_status
+
+    experiment, elsewhere = new_experiment(client), new_experiment(client)
+    wanted = settings_params(RESOLVED, "text")
+    parent = client.create_run(experiment).info.run_id
+    mine = job_run(client, experiment, wanted, **{tags.PARENT_RUN_ID: parent, tags.SWEEP_JOB: "0"})
+    signed = job_run(client, experiment, wanted)
+    sign_run(client, signed, KEY)
+    unsigned = job_run(client, experiment, wanted)
+    foreign = job_run(client, elsewhere, wanted)
+    sign_run(client, foreign, KEY)
+    for job, run_id in ((1, signed), (2, unsigned), (3, foreign)):
+        client.set_tag(parent, reused_tag(job), run_id)
+    rows = {row.job: row for row in sweep_rows(client, parent, KEY)}
+    assert rows[0].run_id == mine and rows[1].run_id == signed and rows[1].reused
+    assert rows[2].status == REFUSED and "it carries no signature" in rows[2].error
+    assert rows[3].status == REFUSED and "is in another experiment" in rows[3].error
+    assert sweep_status(list(rows.values())) == "FINISHED"
+    assert all(row.status == REFUSED for row in sweep_rows(client, parent, None) if row.job > 0)

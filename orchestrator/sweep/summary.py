@@ -79,7 +79,7 @@ def summarize_sweep(
     settings, `key` the user's signing key (a reused run counts only when its signature verifies). A sweep
     over the paper's datasets ends on the paper's table, the job table left to its page."""
     rows = sweep_rows(client, parent_run_id, key)
-    with_runs = {row.job for row in rows}
+    with_runs = {row.job for row in rows if row.status != REFUSED}  # a refused claim never hides a job's failure
     for job, error in sorted(job_dirs.items()):
         if job not in with_runs:
             reason = error or "the job ended before it created its MLflow run"
