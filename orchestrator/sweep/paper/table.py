@@ -172,10 +172,10 @@ def _means(found: Sequence[Entry], temperatures: Sequence[float]) -> list[tuple[
     return means
 
 
-def _mean_label(means: Sequence[tuple[int, float, float] | None]) -> str:
-    """`mean of 10 datasets`; `mean of 9/10 datasets` where the columns cover different numbers of them."""
+def _sets_counted(means: Sequence[tuple[int, float, float] | None], noun: str) -> str:
+    """`10 datasets`; `9/10 datasets` where the mean's columns cover different numbers of them."""
     counts = sorted({m[0] for m in means if m is not None}, reverse=True)
-    return f"mean of {'/'.join(map(str, counts)) or '0'} dataset{'' if counts == [1] else 's'}"
+    return f"{'/'.join(map(str, counts)) or '0'} {noun}{'' if counts == [1] else 's'}"
 
 
 def markdown(found: Sequence[Entry], model: str, missing: Sequence[Missing] = ()) -> str:
@@ -201,7 +201,13 @@ def markdown(found: Sequence[Entry], model: str, missing: Sequence[Missing] = ()
             budgets.append(str(entry.ddtree.budget) if entry and entry.ddtree else "–")
         rows.append([dataset, *cells, " / ".join(budgets)])
     means = _means(found, temperatures)
-    rows.append([f"**{_mean_label(means)}**", *(f"×{m[1]:.2f} · τ {m[2]:.2f}" if m else "" for m in means), ""])
+    rows.append(
+        [
+            f"**mean of {_sets_counted(means, 'dataset')}**",
+            *(f"×{m[1]:.2f} · τ {m[2]:.2f}" if m else "" for m in means),
+            "",
+        ]
+    )
     lines = [f"### The paper's table: {model}", "", *markdown_table(head, rows)]
     lines += ["", *_curve_lines(found), "", *_reading(found, paper_model)]
     return "\n".join(lines) + "\n"
@@ -228,10 +234,9 @@ def terminal_lines(found: Sequence[Entry], model: str, missing: Sequence[Missing
             budgets.append(str(entry.ddtree.budget) if entry and entry.ddtree else "–")
         rows.append([dataset, *cells, "/".join(budgets)])
     means = _means(found, temperatures)
-    counts = sorted({m[0] for m in means if m is not None}, reverse=True)
     rows.append(
         [
-            f"mean ({'/'.join(map(str, counts)) or '0'} set{'' if counts == [1] else 's'})",
+            f"mean ({_sets_counted(means, 'set')})",
             *(f"×{m[1]:.2f} τ{m[2]:.2f}" if m else "–" for m in means),
             "",
         ]
