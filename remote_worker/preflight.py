@@ -4,12 +4,19 @@ The orchestrator runs this file's source with the host's interpreter (`python -c
 needs nothing on the host yet and writes nothing there (whether the work dir is writable is asked of the
 kernel, `os.access` and `os.statvfs`, never tried). It imports only the standard library at the top,
 so it answers even where torch or transformers are missing: that absence is one of its answers.
+
+Every job of a sweep starts with this check, so it is kept cheap: the packages are found and their versions
+read from their installed metadata, none imported (importing torch and transformers costs seconds of CPU);
+torch is imported only where a GPU driver is loaded, to list the GPUs it sees. The worker imports them all
+at its start, where a broken install fails with its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
+import ast
+import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
@@ -20,11 +27,33 @@ from typing import Any
 GIB = 1024**3
 
 
+# Where these exist a GPU driver is loaded (NVIDIA's, or ROCm's kernel driver): without one torch sees no GPU.
+GPU_DRIVERS = ("/proc/driver/nvidia/version", "/dev/kfd")
+
+
 def _version(module: str) -> str | None:
+    """The installed version of a top-level package the interpreter can import, None where it cannot."""
     try:
-        return str(importlib.import_module(module).__version__)
-    except Exception:  # noqa: BLE001 - any failure to import means "not usable here"
+        if importlib.util.find_spec(module) is None:
+            return None
+        return importlib.metadata.version(module)
+    except Exception:  # noqa: BLE001 - any failure to find it means "not usable here"
         return None
+
+
+def _torch_cuda() -> str | None:
+    """The CUDA release torch was built for (`torch.version.cuda`), read from its version file, not imported."""
+    try:
+        version_file = os.path.join(os.path.dirname(importlib.util.find_spec("torch").origin), "version.py")
+        with open(version_file, encoding="utf-8") as file:
+            tree = ast.parse(file.read())
+        for node in tree.body:  # `cuda: Optional[str] = '12.8'` (or a plain assignment)
+            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            if any(isinstance(t, ast.Name) and t.id == "cuda" for t in targets) and node.value is not None:
+                return ast.literal_eval(node.value)
+    except Exception:  # noqa: BLE001 - an unreadable version file says nothing of CUDA
+        return None
+    return None
 
 
 def workdir_report(workdir: str) -> dict[str, Any]:
@@ -63,6 +92,8 @@ def preflight(workdir: str, paths: dict[str, str]) -> dict[str, Any]:
         "flock": shutil.which("flock") is not None,
     }
     if report["torch"]:
+        report["cuda"] = _torch_cuda()
+    if report["torch"] and any(os.path.exists(path) for path in GPU_DRIVERS):
         import torch
 
         report["cuda"] = torch.version.cuda

@@ -243,6 +243,26 @@ def test_the_real_preflight_keeps_every_field(tmp_path: Path) -> None:
     assert answer["workdir_writable"] is True and answer["workdir_checked"] == str(tmp_path)
 
 
+def test_the_preflight_reads_versions_without_importing_and_says_what_cannot_be_found(tmp_path: Path) -> None:
+    """Installed packages are found and their versions read from their metadata, not imported (a sweep pays the
+    check once a job): a `torch` whose import would fail still reports its version and its build's CUDA,
+    read from its version file; a package that is not there at all is None, and named by the orchestrator."""
+    site = tmp_path / "site"
+    (site / "torch").mkdir(parents=True)
+    (site / "torch" / "__init__.py").write_text("raise ImportError('imported')\n")
+    (site / "torch" / "version.py").write_text("from typing import Optional\ncuda: Optional[str] = '12.8'\n")
+    (site / "torch-9.1.dist-info").mkdir()
+    (site / "torch-9.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 9.1\n")
+    done = subprocess.run(
+        [sys.executable, "-c", orchestrator_preflight.SCRIPT.read_text(), "--workdir", str(tmp_path)],
+        env={**os.environ, "PYTHONPATH": str(site)},  # ahead of the venv's own torch
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    answer = json.loads(done.stdout)
+    assert (answer["torch"], answer["cuda"]) == ("9.1", "12.8")
+    assert host_preflight._version("no_such_package_here") is None
+
+
 # -- a really unwritable work dir ---------------------------------------------------------------------------
 
 
