@@ -66,13 +66,13 @@ def prompt_lengths(container: dict[str, Any], vocab: int | None) -> list[PromptL
     if checkpoint is None and (vocab or 0) < 256:
         return None  # the worker refuses such a model itself, naming its vocabulary
     prompts, source = _prompt_file(container["experiment"], checkpoint)
-    from remote_worker.prompts import encode  # torch and transformers: only for a run about to launch
+    from remote_worker.prompts import token_ids  # the worker's own encoding, without torch
 
     tokenizer = _tokenizer(checkpoint) if checkpoint is not None else None
     thinking = bool(container["experiment"].get("enable_thinking", False))
     lengths = []
     for prompt in prompts:
-        tokens = int(encode(prompt, tokenizer, vocab or 256, thinking).shape[0])
+        tokens = len(token_ids(prompt, tokenizer, vocab or 256, thinking))
         where = f"{source}:{prompt.line}" if prompt.line else source
         if tokens < MIN_PROMPT_TOKENS:
             raise PromptTooShort(
