@@ -188,6 +188,22 @@ def test_one_pass_is_not_drawn_as_a_range_over_repeats(tmp_path: Path, monkeypat
     assert not any("range over repeats" in str(label) for label in ranges), ranges
 
 
+def test_a_run_whose_drafts_were_never_accepted_still_gets_its_plots(tmp_path: Path) -> None:
+    """A short decode with an untrained draft: every round accepted only the target's own token, so no method
+    has a depth to draw. The heatmap is left out; the other plots are drawn (the run used to get none:
+    `no plots: ... Invalid shape (0,) for image data`)."""
+    summary = document()
+    summary["acceptance_profiles"] = {s: {"rounds": 8, "counts": [], "reach": []} for s in ("dflash", "ddtree_tb8")}
+    summary["acceptance_lengths"] = {"dflash": [0] * 8, "ddtree_tb8": [0] * 8}
+    path = tmp_path / "decode_summary.json"
+    path.write_text(json.dumps(summary))
+    names = sorted(p.name for p in plot_decode_summary(path, tmp_path))
+    assert "tau_speedup_vs_budget.png" in names and "acceptance_depth_rank.png" not in names
+    summary["acceptance_profiles"]["dflash"] = {"rounds": 8, "counts": [[2, 1]], "reach": [0.375]}
+    path.write_text(json.dumps(summary))
+    assert "acceptance_depth_rank.png" in [p.name for p in plot_decode_summary(path, tmp_path)]
+
+
 def test_no_best_is_starred_where_the_run_cannot_tell_and_memory_has_its_own_panel() -> None:
     summary = document()
     summary["prediction"]["cannot_tell"] = "its costs are of eager rounds, and this run decoded compiled ones"

@@ -139,7 +139,8 @@ def test_compiled_rounds_emit_ar_tokens(name: str, dtype: str, full_depth: bool)
 def test_a_second_worker_on_the_same_work_folder_compiles_from_the_hosts_cache(tmp_path) -> None:
     """Two worker processes, one after the other, each a run in WORKDIR/runs/: the first fills
     WORKDIR/compile-cache.<user> (`compile_cache: miss`), the second compiles every graph from it (`hit`), and both
-    emit the same tokens."""
+    emit the same tokens. (The dense control and one prompt: the cache is the point, not the layers; the hybrid's
+    compiled rounds are `test_compiled_rounds_emit_ar_tokens` and `test_fixed_round`'s.)"""
     import json
     import os
     import subprocess
@@ -153,14 +154,14 @@ def test_a_second_worker_on_the_same_work_folder_compiles_from_the_hosts_cache(t
     from remote_worker.decoding.compile_cache import cache_root
     from remote_worker.experiments.ddtree_gdn import GENERATIONS_FILE
 
-    model = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / "tiny_hybrid.yaml"))
+    model = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / "tiny_dense.yaml"))
 
     def run(name: str, cache: bool) -> tuple[dict, list]:
         run_dir = tmp_path / "runs" / name
         run_dir.mkdir(parents=True)
         spec = {
             "run_id": name, "run_dir": str(run_dir), "seed": 0,
-            "experiment": {"name": "ddtree_gdn", "num_prompts": 2},
+            "experiment": {"name": "ddtree_gdn", "num_prompts": 1},
             "model": {**model, "device": "cpu"},
             "decode": {"max_new_tokens": 10, "tree_budgets": [4], "compile": True, "compile_cache": cache,
                        "node_costs": False},

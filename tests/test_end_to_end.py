@@ -373,36 +373,32 @@ def test_a_launch_that_fails_leaves_no_worker_env(
     assert "hf_notarealtoken" not in "".join(p.read_text(errors="replace") for p in run_dir.iterdir() if p.is_file())
 
 
-@pytest.mark.parametrize(
-    ("setting", "message"),
-    [
-        (
-            "decode.tree_budgets=[8,8]",
-            "config error: decode.tree_budgets=[8, 8] names budget 8 twice: give each budget once",
-        ),
-        (
-            "empty",
-            "config error: experiment.prompts: {file}:2: prompt 'empty' is 0 tokens long with model "
-            "tiny_trained's tokenizer; a decode needs at least 2 (give it more text or leave it out)",
-        ),
-        (
-            "one",
-            "config error: experiment.prompts: {file}:2: prompt 'one' is 1 token long with model "
-            "tiny_trained's tokenizer; a decode needs at least 2 (give it more text or leave it out)",
-        ),
-        (
-            "decode.tree_budgets=[2030]",
-            "config error: decode.tree_budgets: budget 2030 needs 2031 positions for its tree beside "
-            "decode.max_new_tokens=64 and the longest prompt ('heldout-zipimport-0', 160 tokens), more than "
-            "model tiny_trained's context of 2048; the largest budget that fits is 1823",
-        ),
-    ],
-)
-def test_inputs_the_worker_cannot_decode_are_refused_before_anything_starts(
-    mlflow_server: MlflowServer, job_paths: JobPaths, tmp_path: Path, setting: str, message: str
-) -> None:
-    """Refused with one line naming the fix (and the prompt's line), exit 2: no run in MLflow, nothing on the
-    host. A budget the context holds beside the longest prompt is the one the error names, and it runs."""
+REFUSED = [
+    (
+        "decode.tree_budgets=[8,8]",
+        "config error: decode.tree_budgets=[8, 8] names budget 8 twice: give each budget once",
+    ),
+    (
+        "empty",
+        "config error: experiment.prompts: {file}:2: prompt 'empty' is 0 tokens long with model "
+        "tiny_trained's tokenizer; a decode needs at least 2 (give it more text or leave it out)",
+    ),
+    (
+        "one",
+        "config error: experiment.prompts: {file}:2: prompt 'one' is 1 token long with model "
+        "tiny_trained's tokenizer; a decode needs at least 2 (give it more text or leave it out)",
+    ),
+    (
+        "decode.tree_budgets=[2030]",
+        "config error: decode.tree_budgets: budget 2030 needs 2031 positions for its tree beside "
+        "decode.max_new_tokens=64 and the longest prompt ('heldout-zipimport-0', 160 tokens), more than "
+        "model tiny_trained's context of 2048; the largest budget that fits is 1823",
+    ),
+]
+
+
+def refused_setting(setting: str, tmp_path: Path) -> tuple[str, Path]:
+    """The override for `setting`: as given, or a prompt file whose second prompt is empty or one character."""
     prompts = tmp_path / "mine.jsonl"
     if setting in ("empty", "one"):
         content = "" if setting == "empty" else "x"
@@ -410,13 +406,39 @@ def test_inputs_the_worker_cannot_decode_are_refused_before_anything_starts(
                  {"id": setting, "messages": [{"role": "user", "content": content}]}]  # fmt: skip
         prompts.write_text("".join(json.dumps(line) + "\n" for line in lines))
         setting = f"experiment.prompts={prompts}"
+    return setting, prompts
+
+
+@pytest.mark.parametrize(("setting", "message"), REFUSED)
+def test_inputs_the_worker_cannot_decode_are_refused_by_the_config_check(
+    tmp_path: Path, setting: str, message: str
+) -> None:
+    """Each such input is refused by the config check the command runs before anything starts, in one line
+    naming the fix (and the prompt's line); the command's exit 2 with nothing created is proven end to end
+    below, the 2030 budget's also through the CLI in `test_tree_budget_limits`."""
+    from orchestrator.config.validation import ConfigError
+    from tests.test_validation import composed
+
+    override, prompts = refused_setting(setting, tmp_path)
+    with pytest.raises(ConfigError) as refused:
+        composed([override])
+    assert f"config error: {refused.value}" == message.format(file=prompts)
+
+
+def test_an_input_the_worker_cannot_decode_is_refused_before_anything_starts(
+    mlflow_server: MlflowServer, job_paths: JobPaths, tmp_path: Path
+) -> None:
+    """Refused with one line naming the fix and the prompt's line, exit 2: no run in MLflow, nothing on the
+    host (one prompt a token long; the other refusals are the same check, in process above)."""
+    setting, message = REFUSED[2]
+    override, prompts = refused_setting(setting, tmp_path)
     client = MlflowClient(tracking_uri=mlflow_server.uri)
 
     def runs() -> int:
         return len(client.search_runs([e.experiment_id for e in client.search_experiments()], max_results=5000))
 
     before = runs()
-    result = run_orchestrator(server_args(mlflow_server, job_paths, setting), tmp_path)
+    result = run_orchestrator(server_args(mlflow_server, job_paths, override), tmp_path)
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stderr.strip() == message.format(file=prompts)
     assert runs() == before

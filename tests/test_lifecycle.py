@@ -8,6 +8,8 @@ the terminal printed.
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import io
 import json
 import posixpath
@@ -19,6 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
 from rich.console import Console
 
 from orchestrator import CONF_DIR
@@ -39,15 +42,18 @@ from tests.conftest import free_port
 from tests.fakes import FakeHost, FakeTracking, FakeWorker, decode_log, event_line, renumber, worker_histories
 
 
-def job_config(tmp_path: Path, *overrides: str) -> JobConfig:
+@functools.cache
+def _composed(overrides: tuple[str, ...]) -> DictConfig:
+    """The fake-host settings with `overrides`, composed once per set of overrides (Hydra's compose costs a tenth
+    of a second; the trust tests ask for the same settings hundreds of times, in folders of their own)."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(
+        return compose(
             config_name="config",
             overrides=[
                 "tracking=server",
                 "tracking.uri=http://fake-mlflow:5000",
                 "tracking.outage_wait_s=0.2",
-                f"orchestrator.state_dir={tmp_path / 'state'}",
+                "orchestrator.state_dir=/unset",
                 "orchestrator.poll_interval_s=0.001",
                 "orchestrator.kill_grace_s=0.2",
                 "host.workdir=/host/work",
@@ -55,7 +61,13 @@ def job_config(tmp_path: Path, *overrides: str) -> JobConfig:
                 *overrides,
             ],
         )
-        return validate(cfg)
+
+
+def job_config(tmp_path: Path, *overrides: str) -> JobConfig:
+    cfg = copy.deepcopy(_composed(overrides))
+    if not any(o.startswith("orchestrator.state_dir=") for o in overrides):
+        cfg.orchestrator.state_dir = str(tmp_path / "state")
+    return validate(cfg)
 
 
 class Terminal:

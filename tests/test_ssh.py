@@ -44,9 +44,17 @@ def ssh_args(server: SSHServer, mlflow_server: MlflowServer, workdir: Path, stat
 
 
 def test_probe_over_ssh(sshd: SSHServer, mlflow_server: MlflowServer, tmp_path: Path) -> None:
-    workdir = tmp_path / "remote"
-    result = run_orchestrator(ssh_args(sshd, mlflow_server, workdir, tmp_path / "state", "experiment=probe"), tmp_path)
+    """A probe over SSH, its settings full of shell syntax (a work folder and an env value that would run
+    `touch` if any command were built by pasting): taken literally, the run lands whole, private on the host,
+    and nothing ran. Its folder then removed from the host, `logs=` says where it looked and exits 1.
+    (One launch for the three: the shell-syntax and no-folder tests were each a probe of their own.)"""
+    marker = tmp_path / "pwned"
+    workdir = tmp_path / f"remote; touch {marker}"
+    extra = ("experiment=probe", f"+host.env.ODD='$(touch {marker})'")
+    args = ssh_args(sshd, mlflow_server, workdir, tmp_path / "state", *extra)
+    result = run_orchestrator(args, tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
+    assert not marker.exists()
     (run_dir,) = (workdir / "runs").iterdir()
     assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
     assert stat.S_IMODE((run_dir / "spec.json").stat().st_mode) == 0o600
@@ -58,6 +66,13 @@ def test_probe_over_ssh(sshd: SSHServer, mlflow_server: MlflowServer, tmp_path: 
     assert run.data.params["probe.model.class"] == "Qwen3_5ForCausalLM"
     assert run.data.metrics["probe.hybrid_cache.commit_logits_max_abs_diff"] < 1e-5
 
+    shutil.rmtree(run_dir)
+    for follow in ((), ("follow=true",)):
+        logs = run_orchestrator([*args, f"logs={run_dir.name[:8]}", *follow], tmp_path)
+        assert logs.returncode == 1, logs.stdout + logs.stderr
+        assert logs.stderr.strip() == f"localhost_ssh: run {run_dir.name[:8]} has no folder at {run_dir}: no logs"
+    assert not marker.exists()
+
 
 def test_decode_sweep_over_ssh(sshd: SSHServer, mlflow_server: MlflowServer, tmp_path: Path) -> None:
     """A local prompt file travels with the run: the host has only the copy in the run folder."""
@@ -68,6 +83,7 @@ def test_decode_sweep_over_ssh(sshd: SSHServer, mlflow_server: MlflowServer, tmp
         f"experiment.prompts='{local}'",
         "decode.max_new_tokens=12",
         "decode.tree_budgets=[8]",
+        "decode.node_costs=false",  # proven end to end in test_end_to_end
     )
     result = run_orchestrator(ssh_args(sshd, mlflow_server, tmp_path / "remote", tmp_path / "state", *extra), tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -290,18 +306,6 @@ def test_unknown_key_refusal_is_a_host_key_error(sshd: SSHServer, tmp_path: Path
     transport.close()
 
 
-def test_shell_syntax_in_the_config_is_taken_literally(
-    sshd: SSHServer, mlflow_server: MlflowServer, tmp_path: Path
-) -> None:
-    marker = tmp_path / "pwned"
-    workdir = tmp_path / f"work; touch {marker}"
-    extra = ("experiment=probe", f"+host.env.ODD='$(touch {marker})'")
-    result = run_orchestrator(ssh_args(sshd, mlflow_server, workdir, tmp_path / "state", *extra), tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert (workdir / "runs").is_dir()
-    assert not marker.exists()
-
-
 def wait_for_offset(state_dir: Path, at_least: int, process, timeout: float = 180) -> str:
     """The run id once the orchestrator has applied events past `at_least` bytes of the log."""
     deadline = time.monotonic() + timeout
@@ -460,16 +464,3 @@ def test_the_printed_commands_work_as_printed_from_slash_with_a_fresh_home(
     assert not group_alive(pgid)
     assert client.get_run(run_id).info.status == "KILLED"
     assert not (run_dir / "worker.env").exists()
-
-
-def test_logs_of_a_run_with_no_folder_says_so(sshd: SSHServer, mlflow_server: MlflowServer, tmp_path: Path) -> None:
-    """A finished run whose folder was removed from the host: `logs=` says where it looked and exits 1."""
-    workdir = tmp_path / "remote"
-    args = ssh_args(sshd, mlflow_server, workdir, tmp_path / "state", "experiment=probe")
-    assert run_orchestrator(args, tmp_path).returncode == 0
-    (run_dir,) = (workdir / "runs").iterdir()
-    shutil.rmtree(run_dir)
-    for extra in ((), ("follow=true",)):
-        logs = run_orchestrator([*args, f"logs={run_dir.name[:8]}", *extra], tmp_path)
-        assert logs.returncode == 1, logs.stdout + logs.stderr
-        assert logs.stderr.strip() == f"localhost_ssh: run {run_dir.name[:8]} has no folder at {run_dir}: no logs"

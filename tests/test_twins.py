@@ -26,9 +26,10 @@ from remote_worker.spec import ModelSpec
 from tests.lossless import assert_lossless
 from tests.rounding import model_bound, own_forward_bound
 
-# worker: only the worker's dependencies; compat: it touches transformers, so `make test-compat` runs it
-# under the oldest supported release too
-pytestmark = [pytest.mark.worker, pytest.mark.compat]
+# worker: only the worker's dependencies. compat (on each test that reads transformers' models: the layouts, the
+# models' own forward and recurrence): `make test-compat` runs those under the oldest supported release too. The
+# lossless decodes run our loops on weights those tests have already read, so they run once, in `make test`.
+pytestmark = pytest.mark.worker
 
 CASES = {case.id: case for case in twin_cases()}
 TARGETS = {case.target.name: case.target for case in CASES.values()}
@@ -56,11 +57,13 @@ def prompt(seed: int, length: int) -> torch.Tensor:
     return torch.randint(0, VOCAB - 1, (length,), generator=generator)
 
 
+@pytest.mark.compat
 def test_every_published_config_is_a_case() -> None:
     named = {case.target.name for case in CASES.values()} | {c.draft.name for c in CASES.values() if c.draft}
     assert named == set(published())
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("case_id", CASES)
 def test_the_twin_keeps_the_published_layout(case_id: str) -> None:
     """The counts the worker's shapes depend on are the published model's, in the config and in the built
@@ -109,6 +112,7 @@ def chunked_logits(target: TargetModel, tokens: torch.Tensor, chunk: int, last: 
     return target.verify(cache, Tree.chain(tokens[-last:])).logits.double()
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", TARGETS)
 def test_logits_through_the_cache_equal_the_models_own_forward(name: str, dtype: str) -> None:
@@ -125,6 +129,7 @@ def test_logits_through_the_cache_equal_the_models_own_forward(name: str, dtype:
         assert (logits - results[32]).abs().max().item() <= model_bound(target, scale, 32), chunk
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", TARGETS)
 def test_tree_verify_and_commit_equal_recomputation(name: str, dtype: str) -> None:
@@ -146,6 +151,7 @@ def model_recurrent_state(cache: object, layer: int) -> torch.Tensor:
     return state[0]
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", [n for n, t in TARGETS.items() if t.layout.gdn_heads])
 def test_committed_gdn_state_equals_the_models_recurrence(name: str, dtype: str) -> None:

@@ -72,7 +72,7 @@ def plot_decode_summary(summary_file: Path, out_dir: Path) -> list[Path]:
     figures.append(save_figure(fig, out_dir / "acceptance_length_hist.png"))
     if summary.get("budget_curve"):
         figures.append(save_figure(draw_budget_curve(summary), out_dir / "budget_curve.png"))
-    if any((p or {}).get("rounds") for p in (summary.get("acceptance_profiles") or {}).values()):
+    if drawn_profiles(summary):
         figures.append(save_figure(draw_acceptance_profiles(summary), out_dir / "acceptance_depth_rank.png"))
     return figures
 
@@ -198,6 +198,13 @@ HEATMAP_COLUMNS = 3  # panels per row: a page shows the figure at its width, six
 HEATMAP_FONT = 9  # points: the cells' numbers, readable where the page shrinks the figure to its width
 
 
+def drawn_profiles(summary: dict) -> dict[str, dict]:
+    """The methods whose rounds accepted a drafted token at least once: a method that never did (a short decode
+    with an untrained draft) has no depth to draw, and is left out rather than leaving the run without plots."""
+    profiles = (summary.get("acceptance_profiles") or {}).items()
+    return {scope: p for scope, p in profiles if p and p.get("rounds") and p.get("counts")}
+
+
 def draw_acceptance_profiles(summary: dict) -> plt.Figure:
     """Per drafting method, a depth × rank heatmap: the share of rounds whose accepted path took the draft's
     rank-r candidate at depth d, written in every cell of 1 % or more. A row sums to the share of rounds that
@@ -205,7 +212,7 @@ def draw_acceptance_profiles(summary: dict) -> plt.Figure:
     rank 0, a wider one. The colour scale is a square root, so the small shares past rank 0 show."""
     from matplotlib.colors import PowerNorm
 
-    profiles = {scope: p for scope, p in summary["acceptance_profiles"].items() if p.get("rounds")}
+    profiles = drawn_profiles(summary)
     depth = max(len(p["counts"]) for p in profiles.values())
     columns = min(len(profiles), HEATMAP_COLUMNS)
     rows = -(-len(profiles) // columns)
