@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import select
 import shlex
 import signal
@@ -200,11 +201,27 @@ def test_last_is_this_shells_and_the_printed_lines_work_from_slash_with_a_fresh_
     mlflow_server: MlflowServer, tmp_path: Path
 ) -> None:
     """Two long decodes detached on this machine, the second (newer) from another shell (a session of its own).
-    From this shell, `logs=last` picks this shell's run and says so; `cancel=last` from a third shell picks the
-    other shell's run and asks first (here, with no terminal to ask on, it refuses and names `yes=true`). Then
-    each run's printed lines, run as printed from `/` with an empty HOME and no PYTHONPATH, log and cancel it."""
+    The first comes back within a minute, RUNNING and tagged detached, its page's address last; `list` shows
+    both running with their model and the host's progress. From this shell, `logs=last` picks this shell's run
+    and says so; `cancel=last` from a third shell picks the other shell's run and asks first (here, with no
+    terminal to ask on, it refuses and names `yes=true`). Then each run's printed lines, run as printed from `/`
+    with an empty HOME and no PYTHONPATH, log and cancel it (this shell's by the id prefix `list` shows): each
+    ends KILLED, cancelled by the user, after its worker's own end event; `list` then has no active run, and
+    `list=all` shows them KILLED. (This holds what `test_commands.py`'s detach, list and cancel test proved with
+    a third long decode.)"""
     args = local_args(mlflow_server, tmp_path, *LONG)
-    mine, mine_dir, mine_printed = detached(args, tmp_path)
+    client = MlflowClient(tracking_uri=mlflow_server.uri)
+    started = time.monotonic()
+    launched = run_orchestrator([*args, "detach=true"], tmp_path)
+    assert launched.returncode == 0, launched.stdout + launched.stderr
+    mine_printed = next(line.strip() for line in launched.stdout.splitlines() if "attach=" in line)
+    mine = mine_printed.split("attach=", 1)[1].split()[0]
+    mine_dir = tmp_path / "work" / "runs" / mine
+    run = client.get_run(mine)
+    assert run.info.status == "RUNNING" and run.data.tags["orchestrator.detached"] == "true"
+    address = f"{mlflow_server.uri}/#/experiments/{run.info.experiment_id}/runs/{mine}?workflowType=machine_learning"
+    assert launched.stdout.splitlines()[-1] == address, launched.stdout  # as a followed run ends
+    assert time.monotonic() - started < 60
     other = subprocess.run(
         [sys.executable, "-m", "orchestrator", *args, "detach=true", f"hydra.run.dir={tmp_path / 'other'}"],
         cwd=tmp_path, capture_output=True, text=True, timeout=240, start_new_session=True,
@@ -214,6 +231,12 @@ def test_last_is_this_shells_and_the_printed_lines_work_from_slash_with_a_fresh_
     theirs_printed = next(line.strip() for line in other.stdout.splitlines() if "attach=" in line)
     theirs = theirs_printed.split("attach=", 1)[1].split()[0]
     try:
+        events = mine_dir / "events.jsonl"  # the worker's first progress event comes once its imports are done
+        wait("a progress event", lambda: events.exists() and b'"progress"' in events.read_bytes())
+        listed = run_orchestrator([*local_args(mlflow_server, tmp_path), "list=true"], tmp_path)
+        assert listed.returncode == 0 and "running" in listed.stdout, listed.stdout + listed.stderr
+        assert mine[:8] in listed.stdout and theirs[:8] in listed.stdout and "tiny_hybrid" in listed.stdout
+        assert re.search(r" · \d+/\d+", " ".join(listed.stdout.split())), listed.stdout  # the host's last progress
         logs = run_orchestrator([*local_args(mlflow_server, tmp_path), "logs=last"], tmp_path)
         assert logs.returncode == 0, logs.stdout + logs.stderr
         first = logs.stderr.strip().splitlines()[0] if logs.stderr.strip() else logs.stdout.splitlines()[0]
@@ -230,7 +253,6 @@ def test_last_is_this_shells_and_the_printed_lines_work_from_slash_with_a_fresh_
         assert third.stderr.strip().splitlines()[-1] == (
             f"cancel: cancel=last picked run {theirs[:8]} from another shell: add yes=true to cancel it"
         )
-        client = MlflowClient(tracking_uri=mlflow_server.uri)
         assert client.get_run(theirs).info.status == "RUNNING"
 
         home = tmp_path / "fresh-home"
@@ -239,11 +261,19 @@ def test_last_is_this_shells_and_the_printed_lines_work_from_slash_with_a_fresh_
         env.update(HOME=str(home), COLUMNS="120")
         for run_id, printed in ((mine, mine_printed), (theirs, theirs_printed)):
             for verb in ("logs", "cancel"):
-                line = printed.replace("attach=", f"{verb}=")
+                named = run_id[:8] if (run_id, verb) == (mine, "cancel") else run_id  # the prefix `list` shows
+                line = printed.replace(f"attach={run_id}", f"{verb}={named}")
                 done = subprocess.run(shlex.split(line), cwd="/", env=env, capture_output=True, text=True, timeout=240)
                 assert done.returncode == 0, line + "\n" + done.stdout + done.stderr
-            assert client.get_run(run_id).info.status == "KILLED"
+                assert verb != "logs" or "loaded tiny_hybrid" in done.stdout, done.stdout
+            run = client.get_run(run_id)
+            assert run.info.status == "KILLED" and run.data.tags["error"] == "cancelled by the user"
+            assert run.data.tags["worker.status"] == "KILLED", "the worker's own end event was applied before ending"
         assert not group_alive(int((mine_dir / "pid").read_text()))
+        again = run_orchestrator([*local_args(mlflow_server, tmp_path), "list=true"], tmp_path)
+        assert "no active runs" in again.stdout, again.stdout + again.stderr
+        everything = run_orchestrator([*local_args(mlflow_server, tmp_path), "list=all"], tmp_path)
+        assert mine[:8] in everything.stdout and "KILLED" in everything.stdout, everything.stdout
     finally:
         for run_dir in (tmp_path / "work" / "runs").iterdir():
             with contextlib.suppress(ProcessLookupError, ValueError, OSError):
