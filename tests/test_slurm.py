@@ -164,22 +164,23 @@ def assert_nothing_left(run_dir: Path) -> None:
 def test_a_grid_through_slurm_ends_with_every_job_a_finished_child_run(
     slurm: SlurmCluster, mlflow_server: MlflowServer, tmp_path: Path
 ) -> None:
-    """`make sweep`'s grid (its temperature fixed: 4 jobs), each job a Slurm array task on the cluster's node."""
-    args = ["sweep=default", "decode.temperature=0", "experiment.num_prompts=1", "decode.max_new_tokens=16",
-            "decode.node_costs=false"]  # fmt: skip
+    """`make sweep`'s grid (its temperature and block size fixed: 2 jobs, one per model), each job a Slurm array
+    task on the cluster's node."""
+    args = ["sweep=default", "decode.temperature=0", "decode.block_size=4", "experiment.num_prompts=1",
+            "decode.max_new_tokens=16", "decode.node_costs=false"]  # fmt: skip
     result = run_orchestrator(slurm_args(slurm, mlflow_server, tmp_path, *args), tmp_path, timeout=400)
     assert result.returncode == 0, result.stdout + result.stderr
     client = MlflowClient(tracking_uri=mlflow_server.uri)
     parent, jobs = sweep_runs(client, tmp_path)
     assert parent.info.status == "FINISHED" and parent.data.tags["sweep.launcher"] == "submitit_slurm"
-    assert [j.info.status for j in jobs] == ["FINISHED"] * 4
+    assert [j.info.status for j in jobs] == ["FINISHED"] * 2
     ids = slurm_ids(tmp_path)
-    assert [j.data.tags["slurm.job_id"] for j in jobs] == [ids[n] for n in range(4)]
+    assert [j.data.tags["slurm.job_id"] for j in jobs] == [ids[n] for n in range(2)]
     array = ids[0].split("_")[0]
-    assert f"submitted 4 jobs to Slurm as array {array}" in result.stdout
+    assert f"submitted 2 jobs to Slurm as array {array}" in result.stdout
     assert "Sweep summary: FINISHED" in result.stdout and "astest: job #" in result.stdout  # or "No clear fastest"
     assert {(j.data.params["model.name"], j.data.params["decode.block_size"]) for j in jobs} == {
-        ("tiny_trained", "4"), ("tiny_trained", "8"), ("tiny_trained_dense", "4"), ("tiny_trained_dense", "8"),
+        ("tiny_trained", "4"), ("tiny_trained_dense", "4"),
     }  # fmt: skip
 
 
