@@ -27,8 +27,16 @@ from typing import Any
 GIB = 1024**3
 
 
-# Where these exist a GPU driver is loaded (NVIDIA's, or ROCm's kernel driver): without one torch sees no GPU.
-GPU_DRIVERS = ("/proc/driver/nvidia/version", "/dev/kfd")
+# Where one of these exists a GPU driver is loaded (NVIDIA's, WSL2's GPU bridge, Jetson's, ROCm's): without
+# any, torch sees no GPU, and its import (seconds) is skipped. A false "yes" only costs that import.
+GPU_DRIVERS = (
+    "/proc/driver/nvidia/version",
+    "/dev/nvidiactl",
+    "/dev/dxg",
+    "/dev/nvhost-ctrl-gpu",
+    "/dev/nvgpu",
+    "/dev/kfd",
+)
 
 
 def _version(module: str) -> str | None:
