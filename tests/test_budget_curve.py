@@ -287,3 +287,20 @@ def test_a_prediction_that_cannot_be_made_is_a_warning_not_a_failed_run(caplog: 
         curves = {"ddtree_tb4": curve}
         assert predict_budget(methods, curves, costs([2.0, 4.0], [1, 5]), summary, compiled=False) is None
     assert "no predicted budget: AR's measured speed must be positive, not 0.0" in caplog.text
+
+
+def test_a_decode_shorter_than_a_draft_block_has_no_curve_and_says_why(tmp_path: Path) -> None:
+    """6 new tokens at tiny_hybrid's draft block of 8: no round can hold a whole tree, so the rounds cannot tell
+    tau at any budget (such a curve once read τ 1.00 at a budget whose decode measured 4.00). The worker draws
+    no curve and predicts no budget, and says why in the summary file and the terminal's budget line."""
+    spec = specs.decode_spec(tmp_path, num_prompts=1, max_new_tokens=6, tree_budgets=[4], node_cost_repeats=1)
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    assert runner.run(tmp_path / "spec.json") == 0
+    summary = json.loads((tmp_path / SUMMARY_FILE).read_text())
+    why = "decode.max_new_tokens=6 is shorter than a draft block (8)"
+    assert summary["budget_curve"] is None and summary["prediction"] is None and summary["curve_withheld"] == why
+    events, _ = split_events((tmp_path / EVENTS_FILE).read_bytes())
+    logged = {key for e in events if e.kind == "metrics" for key in e.data}
+    assert not logged & {"tau_at_budget", "predicted_tokens_per_s", "prediction_error"}
+    assert "tokens_per_s" in logged  # the decodes' own figures are all there
+    assert events[-1].data["summary"]["budget"] == f"not predicted: {why}, so no round could hold a whole tree"

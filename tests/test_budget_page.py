@@ -219,3 +219,18 @@ def test_no_best_is_starred_where_the_run_cannot_tell_and_memory_has_its_own_pan
     measured = next(line for line in memory.get_lines() if line.get_label().startswith("peak over AR's"))
     assert (list(measured.get_xdata()), list(measured.get_ydata())) == ([4, 8], [0.5, 1.0])
     plt.close(fig)
+
+
+def test_a_curve_the_worker_withheld_is_one_line_saying_why() -> None:
+    """A decode shorter than a draft block: the page's budget section and Budget line say why there is no curve
+    and no prediction, and there is no budget CSV."""
+    withheld = document() | {"budget_curve": None, "prediction": None}
+    withheld["curve_withheld"] = "decode.max_new_tokens=6 is shorter than a draft block (8)"
+    rendered = summarize(withheld, "t")
+    text = plain_markdown(rendered.markdown)
+    assert (
+        "**tau at every budget**: not estimated: decode.max_new_tokens=6 is shorter than a draft block (8), so "
+        "no round could hold a whole tree (decode more tokens for it)" in rendered.markdown
+    )
+    assert "Budget: not predicted: decode.max_new_tokens=6 is shorter than a draft block (8)" in text
+    assert rendered.budget_csv is None

@@ -45,8 +45,12 @@ def _rows(document: dict[str, Any]) -> list[dict[str, float | int | None]]:
 
 def budget_markdown(document: dict[str, Any]) -> list[str]:
     """The section's lines (empty without a curve): a heading that says where the estimate comes from, one
-    column per budget shown, a row per figure."""
+    column per budget shown, a row per figure. A curve the worker withheld (`curve_withheld`: a decode shorter
+    than a draft block) is one line saying why."""
     curve = document.get("budget_curve")
+    if not curve and document.get("curve_withheld"):
+        return [f"**tau at every budget**: not estimated: {document['curve_withheld']}, so no round could hold a "
+                "whole tree (decode more tokens for it)"]  # fmt: skip
     if not curve:
         return []
     rows = _rows(document)
@@ -94,6 +98,8 @@ def budget_line(document: dict[str, Any]) -> str:
     """The worker's recommendation (its terminal line, `prediction.line` in decode_summary.json) as the
     description's Budget line; empty where the run predicted nothing."""
     line = (document.get("prediction") or {}).get("line")
+    if not line and document.get("curve_withheld"):
+        line = f"not predicted: {document['curve_withheld']}, so no round could hold a whole tree"
     return f"Budget: {line}." if line else ""
 
 

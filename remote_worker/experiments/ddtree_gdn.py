@@ -275,11 +275,16 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     summary = comparison.metrics()
     costs = slices.costs() if slices is not None else None
     compile_figures = _compile_figures(compiled, summary)
-    curve = budget_curve_record(methods, curves, summary)
-    prediction = predict_budget(
-        methods, curves, costs, summary, compiled=compiled is not None, target=target, context=longest, free=free,
-        prompts=records,
-    )  # fmt: skip
+    withheld = curve_withheld(int(spec.decode.get("max_new_tokens", 0)), drafter.block_size)
+    curve = budget_curve_record(methods, curves, summary) if withheld is None else None
+    prediction = None
+    if withheld is None:
+        prediction = predict_budget(
+            methods, curves, costs, summary, compiled=compiled is not None, target=target, context=longest,
+            free=free, prompts=records,
+        )  # fmt: skip
+    elif any(m.name == "ddtree" for m in methods):
+        LOG.warning("no budget curve and no budget prediction: %s, so no round could hold a whole tree", withheld)
     # A run page lists metrics in the order they were first logged (see HEADLINE_FIRST): the answer first.
     headline, verdict = headline_metrics(summary)
     best = {key: value for key, value in headline.items() if key.startswith("best.")}
@@ -296,6 +301,7 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
         log.emit("tags", best_tags(verdict, methods))
     extras = {
         "budget_curve": curve,
+        "curve_withheld": withheld if any(m.name == "ddtree" for m in methods) else None,
         "node_costs": costs.as_record() if costs is not None else None,
         "prediction": prediction.as_record() if prediction is not None else None,
         "acceptance_profiles": {scope: profile.as_record() for scope, profile in profiles.items()},
@@ -308,7 +314,19 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     lines = terminal_summary(summary, verdict)
     if prediction is not None:
         lines["budget"] = prediction.line()
+    elif extras["curve_withheld"]:
+        lines["budget"] = f"not predicted: {withheld}, so no round could hold a whole tree"
     return lines
+
+
+def curve_withheld(max_new_tokens: int, block_size: int) -> str | None:
+    """Why a decode's rounds cannot tell tau at every budget, or None where they can. A decode shorter than one
+    draft block ends before any round could hold a whole tree: its rounds accept what the remaining tokens
+    allow, whatever the budget, so the curve read from them is flat (a run of 8 new tokens at block 16 drew
+    tau 1.00 at budget 64 where its decode at 64 measured 4.00), and so are the predictions built on it."""
+    if 0 < max_new_tokens < block_size:
+        return f"decode.max_new_tokens={max_new_tokens} is shorter than a draft block ({block_size})"
+    return None
 
 
 def _warm_up(target: TargetModel, drafter: Any, prompt: torch.Tensor, methods: list[Method]) -> None:
