@@ -214,23 +214,24 @@ def test_last_is_this_shells_and_the_printed_lines_work_from_slash_with_a_fresh_
     started = time.monotonic()
     launched = run_orchestrator([*args, "detach=true"], tmp_path)
     assert launched.returncode == 0, launched.stdout + launched.stderr
-    mine_printed = next(line.strip() for line in launched.stdout.splitlines() if "attach=" in line)
-    mine = mine_printed.split("attach=", 1)[1].split()[0]
-    mine_dir = tmp_path / "work" / "runs" / mine
-    run = client.get_run(mine)
-    assert run.info.status == "RUNNING" and run.data.tags["orchestrator.detached"] == "true"
-    address = f"{mlflow_server.uri}/#/experiments/{run.info.experiment_id}/runs/{mine}?workflowType=machine_learning"
-    assert launched.stdout.splitlines()[-1] == address, launched.stdout  # as a followed run ends
-    assert time.monotonic() - started < 60
-    other = subprocess.run(
-        [sys.executable, "-m", "orchestrator", *args, "detach=true", f"hydra.run.dir={tmp_path / 'other'}"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=240, start_new_session=True,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
-    )  # fmt: skip
-    assert other.returncode == 0, other.stdout + other.stderr
-    theirs_printed = next(line.strip() for line in other.stdout.splitlines() if "attach=" in line)
-    theirs = theirs_printed.split("attach=", 1)[1].split()[0]
-    try:
+    try:  # from here, whatever fails, the workers this test started are stopped (below)
+        mine_printed = next(line.strip() for line in launched.stdout.splitlines() if "attach=" in line)
+        mine = mine_printed.split("attach=", 1)[1].split()[0]
+        mine_dir = tmp_path / "work" / "runs" / mine
+        run = client.get_run(mine)
+        assert run.info.status == "RUNNING" and run.data.tags["orchestrator.detached"] == "true"
+        page = f"#/experiments/{run.info.experiment_id}/runs/{mine}?workflowType=machine_learning"
+        address = f"{mlflow_server.uri}/{page}"
+        assert launched.stdout.splitlines()[-1] == address, launched.stdout  # as a followed run ends
+        assert time.monotonic() - started < 60
+        other = subprocess.run(
+            [sys.executable, "-m", "orchestrator", *args, "detach=true", f"hydra.run.dir={tmp_path / 'other'}"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=240, start_new_session=True,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+        )  # fmt: skip
+        assert other.returncode == 0, other.stdout + other.stderr
+        theirs_printed = next(line.strip() for line in other.stdout.splitlines() if "attach=" in line)
+        theirs = theirs_printed.split("attach=", 1)[1].split()[0]
         events = mine_dir / "events.jsonl"  # the worker's first progress event comes once its imports are done
         wait("a progress event", lambda: events.exists() and b'"progress"' in events.read_bytes())
         listed = run_orchestrator([*local_args(mlflow_server, tmp_path), "list=true"], tmp_path)
