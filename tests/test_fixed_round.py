@@ -267,7 +267,7 @@ def test_a_compiled_run_above_temperature_zero_times_its_own_rounds(tmp_path, mo
 
     monkeypatch.setattr(FixedRound, "compile", lambda self, mode=None: None)  # the eager step, as compiled
     monkeypatch.setattr(FixedPrefill, "compile", lambda self, mode=None: None)
-    raw = specs.decode_spec(tmp_path, num_prompts=2, model={"device": "cpu"}, max_new_tokens=1, tree_budgets=[4],
+    raw = specs.decode_spec(tmp_path, num_prompts=2, model={"device": "cpu"}, max_new_tokens=8, tree_budgets=[4],
                             compile=True, temperature=1.0)  # fmt: skip
     run_ddtree_gdn(parse_spec(raw, tmp_path), EventLog(tmp_path))
     summary = json.loads((tmp_path / "decode_summary.json").read_text())
