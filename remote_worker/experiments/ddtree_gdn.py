@@ -275,15 +275,17 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     summary = comparison.metrics()
     costs = slices.costs() if slices is not None else None
     compile_figures = _compile_figures(compiled, summary)
-    withheld = curve_withheld(int(spec.decode.get("max_new_tokens", 0)), drafter.block_size)
-    curve = budget_curve_record(methods, curves, summary) if withheld is None else None
-    prediction = None
+    withheld = None  # why the rounds cannot tell the budgets apart (only DDTree has budgets to tell)
+    if any(m.name == "ddtree" for m in methods):
+        withheld = curve_withheld(int(spec.decode.get("max_new_tokens", 0)), drafter.block_size)
+    curve = prediction = None
     if withheld is None:
+        curve = budget_curve_record(methods, curves, summary)
         prediction = predict_budget(
             methods, curves, costs, summary, compiled=compiled is not None, target=target, context=longest,
             free=free, prompts=records,
         )  # fmt: skip
-    elif any(m.name == "ddtree" for m in methods):
+    else:
         LOG.warning("no budget curve and no budget prediction: %s, so no round could hold a whole tree", withheld)
     # A run page lists metrics in the order they were first logged (see HEADLINE_FIRST): the answer first.
     headline, verdict = headline_metrics(summary)
@@ -301,7 +303,7 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
         log.emit("tags", best_tags(verdict, methods))
     extras = {
         "budget_curve": curve,
-        "curve_withheld": withheld if any(m.name == "ddtree" for m in methods) else None,
+        "curve_withheld": withheld,
         "node_costs": costs.as_record() if costs is not None else None,
         "prediction": prediction.as_record() if prediction is not None else None,
         "acceptance_profiles": {scope: profile.as_record() for scope, profile in profiles.items()},
@@ -314,7 +316,7 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     lines = terminal_summary(summary, verdict)
     if prediction is not None:
         lines["budget"] = prediction.line()
-    elif extras["curve_withheld"]:
+    elif withheld is not None:
         lines["budget"] = f"not predicted: {withheld}, so no round could hold a whole tree"
     return lines
 
