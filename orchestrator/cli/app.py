@@ -68,6 +68,9 @@ def _run_job(cfg: DictConfig) -> int:
         print(f"config error: {exc}", file=sys.stderr)
         record_job_error(f"config error: {exc}")
         return CONFIG_ERROR_EXIT
+    if config.dry_run:  # a multirun's dry run ends in its callback, before any job: this is a single run's
+        console.print("dry run: the config checks; nothing started (drop sweep.dry_run to run it)", markup=False)
+        return 0
     return run_config(config, console, make_transport)
 
 

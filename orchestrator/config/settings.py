@@ -152,6 +152,7 @@ class JobConfig:
     resolved: dict[str, Any]  # the whole resolved config, for params and config.yaml (redacted there)
     carried: tuple[str, ...] = ()  # the overrides a printed command repeats (`config/commands.py`)
     yes: bool = False  # cancel=last without asking
+    dry_run: bool = False  # sweep.dry_run: check the config (a sweep: every job's) and stop
 
     @classmethod
     def from_resolved(cls, config: dict[str, Any]) -> JobConfig:
@@ -186,6 +187,7 @@ class JobConfig:
             follow=bool(config.get("follow", False)),
             list_all=config["list"] == "all",
             yes=bool(config.get("yes", False)),
+            dry_run=bool(config["sweep"].get("dry_run", False)),
             worker_sections={k: config[k] for k in ("experiment", "model", "decode", "probe")},
             resolved=config,
         )

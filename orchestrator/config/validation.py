@@ -332,7 +332,7 @@ def resolve_config(cfg: DictConfig) -> dict[str, Any]:
     pool = _get(container, "sweep.hosts")
     if not isinstance(pool, list) or not all(isinstance(name, str) and name for name in pool):
         raise ConfigError(f"sweep.hosts={pool!r} must be a list of host config names (conf/host/)")
-    for key in ("detach", "follow", "sweep.fail_fast", "yes"):
+    for key in ("detach", "follow", "sweep.fail_fast", "sweep.dry_run", "yes"):
         if not isinstance(_get(container, key), bool):
             raise ConfigError(f"{key} must be true or false")
     if _get(container, "list") not in (True, False, "all"):

@@ -34,22 +34,28 @@ class SweepCallback(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from orchestrator.sweep.plan import make_plan
-        from orchestrator.sweep.precheck import prompt_problems
+        from orchestrator.sweep.precheck import pool_problems, prompt_problems
         from orchestrator.tracking.runs import ensure_experiment, run_url
 
         hydra_cfg = config.hydra  # HydraConfig is not set yet when a multirun starts
         jobs, swept, job_overrides = _grid(config)
+        dry_run = bool(config.sweep.get("dry_run", False))
         if job_overrides:  # every job's prompts before the first job: a missing set is found now, not at its turn
-            Console().print(f"checking the prompts of {counted(len(job_overrides), 'job')}", markup=False)
-            problems = prompt_problems(config, job_overrides)
+            what = "config" if dry_run else "prompts"
+            Console().print(f"checking the {what} of {counted(len(job_overrides), 'job')}", markup=False)
+            problems = prompt_problems(config, job_overrides, every_mistake=dry_run)
+            if dry_run and not problems and config.sweep.get("hosts"):  # a job's own mistake would repeat per host
+                problems += pool_problems(config, job_overrides[0], [str(n) for n in config.sweep.hosts])
             for problem in problems:
                 print(problem.line(), file=sys.stderr)
             if problems:
                 raise SystemExit(2)  # nothing has started: no parent run, no job
-        client = _client(config)
-        experiment_id = ensure_experiment(client, str(config.experiment.name), config.tracking.get("artifact_root"))
         grid = [_as_settings(job) for job in job_overrides]
         plan = make_plan(OmegaConf.to_container(config, resolve=False), grid) if grid else None
+        if dry_run:
+            _end_dry_run(plan, jobs)
+        client = _client(config)
+        experiment_id = ensure_experiment(client, str(config.experiment.name), config.tracking.get("artifact_root"))
         run = client.create_run(
             experiment_id,
             run_name=sweep_name(swept, jobs),
@@ -120,6 +126,15 @@ class SweepCallback(Callback):
         last_exit_code = RunStatus(status).exit_code
 
 
+def _end_dry_run(plan: Any, jobs: int | None) -> None:
+    """A dry run ends after the checks and the plan: no tracking store is opened, no run made, no job started."""
+    if plan is not None:
+        Console().print(plan.line(), markup=False, highlight=False)
+    count = counted(jobs, "job") if jobs else "the jobs (their count is the sweeper's own)"
+    Console().print(f"dry run: {count} checked; nothing started (drop sweep.dry_run to run them)", markup=False)
+    raise SystemExit(0)
+
+
 def sweep_name(swept: list[str], jobs: int | None) -> str:
     """`sweep of block_size × temperature · 8 jobs · 12-04 13:05`: what it varies first, as a job's name."""
     what = " × ".join(key.rsplit(".", 1)[-1] for key in swept) or "the defaults"
@@ -128,8 +143,20 @@ def sweep_name(swept: list[str], jobs: int | None) -> str:
 
 
 def _as_settings(overrides: list[str]) -> dict[str, str]:
-    """A job's overrides as key → value (`+` and `~` prefixes dropped)."""
-    return dict(override.lstrip("+~").partition("=")[::2] for override in overrides)
+    """A job's overrides as key → value (`+` and `~` prefixes dropped), a quoted value unquoted as Hydra reads it
+    (`experiment.datasets_dir='/home/me/hf-datasets'`, which is how a typed `~/hf-datasets` reaches Hydra)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    settings = {}
+    for override in overrides:
+        key, _, text = override.lstrip("+~").partition("=")
+        try:
+            value = parser.parse_override(override).value()
+        except Exception:  # noqa: BLE001 - the job itself reports an override Hydra cannot read
+            value = None
+        settings[key] = value if isinstance(value, str) else text
+    return settings
 
 
 def _grid(config: DictConfig) -> tuple[int | None, list[str], list[list[str]]]:
