@@ -17,10 +17,14 @@ PAD = "&nbsp;"
 WHOLE_UP_TO = 24  # body cells up to this long never wrap
 
 
-def _keep_whole(text: str) -> str:
-    if len(text) > WHOLE_UP_TO:
-        return text
+def unbreakable(text: str) -> str:
+    """`text` kept on one line wherever it stands: its spaces no-break ones, its dashes joined. For a part of a
+    long cell that must not wrap inside (a figure with its interval: `τ 7.25 (6.85–7.65)`)."""
     return text.replace(" ", NBSP).replace("–", f"{JOINER}–{JOINER}").replace("-", f"{JOINER}-{JOINER}")
+
+
+def _keep_whole(text: str) -> str:
+    return text if len(text) > WHOLE_UP_TO else unbreakable(text)
 
 
 def _cell(text: str, body: bool) -> str:

@@ -21,7 +21,7 @@ from importlib import resources
 from pathlib import Path
 
 from orchestrator.sweep.paper.figures import Cell, Record, best_ddtree, cell, ddtree_scopes, merge, read_records
-from orchestrator.tracking.markdown_table import markdown_table
+from orchestrator.tracking.markdown_table import NBSP, markdown_table, unbreakable
 from remote_worker.decoding.bootstrap import Interval
 
 DATASETS = ("gsm8k", "math500", "aime24", "aime25", "humaneval", "mbpp", "livecodebench", "swe-bench", "mt-bench",
@@ -137,16 +137,20 @@ def _order(dataset: str) -> int:
 
 
 def _figure(c: Cell | None) -> str:
+    """`×3.23 (2.94–3.50) · τ 4.50 (4.23–4.77)`, each figure unbreakable: MLflow's description column is narrow
+    and wraps such a cell over three or four lines, and so it wraps between figures, never inside one."""
     if c is None:
         return ""
     speedup = f"×{c.speedup:.2f}" + (f" ({c.speedup_ci.low:.2f}–{c.speedup_ci.high:.2f})" if c.speedup_ci else "")
     tau = f"τ {c.tau:.2f}" + (f" ({c.tau_ci.low:.2f}–{c.tau_ci.high:.2f})" if c.tau_ci else "")
-    return f"{speedup} · {tau}"
+    return f"{unbreakable(speedup)}{NBSP}· {unbreakable(tau)}"  # a line may end after a dot, never start with one
 
 
 def _paper(figure: PaperFigure | None) -> str:
     """The paper's figure after ours, in italics: told apart at a glance."""
-    return "" if figure is None else f" · _paper ×{figure.speedup:.2f} · τ {figure.tau:.2f}_"
+    if figure is None:
+        return ""
+    return f"{NBSP}· _{unbreakable(f'paper ×{figure.speedup:.2f}')}{NBSP}· {unbreakable(f'τ {figure.tau:.2f}')}_"
 
 
 def _failed(reason: str) -> str:
