@@ -120,7 +120,7 @@ def test_every_documented_paper_command_passes_the_sweeps_checks_and_plans_what_
     assert "`experiment.prompts=gsm8k`" in doc
     done = dry_run(home, "python -m orchestrator model=qwen3_6_27b host=kpro5 experiment.prompts=gsm8k")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.splitlines()[-1] == "dry run: the config checks; nothing started (drop sweep.dry_run to run it)"
+    assert done.stdout.strip() == "dry run: the config checks; nothing started (drop sweep.dry_run to run it)"
     missing = dry_run(home, "python -m orchestrator host=kpro5 experiment.prompts=gsm8k experiment.datasets_dir=/no")
     assert missing.returncode == 2 and "openai/gsm8k is not in /no" in missing.stderr, missing.stderr
 

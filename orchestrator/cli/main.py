@@ -33,7 +33,7 @@ def quiet_libraries() -> None:
     Hydra starts: a sweep's callback opens the store before any job does."""
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # MLflow sets its level when imported, from this
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)
-    for chatty in ("alembic", "mlflow", "urllib3"):
+    for chatty in ("alembic", "matplotlib", "mlflow", "urllib3"):  # matplotlib: `generated new fontManager`
         logging.getLogger(chatty).setLevel(logging.WARNING)
 
 
