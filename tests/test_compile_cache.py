@@ -31,19 +31,27 @@ def new_run(tmp_path: Path) -> Path:
     return run_dir
 
 
-def opened(run_dir: Path, enabled: bool = True, group: str | None = None) -> tuple[CompileCache, str]:
-    """The cache as a run opens it, and where its compiles would go (TORCHINDUCTOR_CACHE_DIR inside)."""
-    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+def switches() -> tuple[bool, bool]:
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    return inductor_config.fx_graph_cache, functorch_config.enable_autograd_cache
+
+
+def opened(run_dir: Path, enabled: bool = True, group: str | None = None) -> tuple[CompileCache, str, tuple]:
+    """The cache as a run opens it, where its compiles would go (TORCHINDUCTOR_CACHE_DIR inside), and torch's
+    cache switches inside; the process's own folder and switches are back afterwards."""
+    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR"), switches()
     try:
         with CompileCache.open(run_dir, enabled, group) as cache:
-            return cache, os.environ["TORCHINDUCTOR_CACHE_DIR"]
+            return cache, os.environ["TORCHINDUCTOR_CACHE_DIR"], switches()
     finally:
-        assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") == before
+        assert (os.environ.get("TORCHINDUCTOR_CACHE_DIR"), switches()) == before
 
 
 def test_the_cache_is_private_by_default_and_written_under_umask_077(tmp_path: Path) -> None:
     run_dir = new_run(tmp_path)
-    cache, where = opened(run_dir)
+    cache, where, _ = opened(run_dir)
     root = cache_root(run_dir)
     assert where == str(root / "inductor") and cache.enabled and cache.outcome() == "miss"
     assert root.name.startswith("compile-cache.") and stat.S_IMODE(root.stat().st_mode) == 0o700
@@ -52,12 +60,10 @@ def test_the_cache_is_private_by_default_and_written_under_umask_077(tmp_path: P
 
 
 def test_off_compiles_in_the_runs_scratch_folder(tmp_path: Path) -> None:
-    import torch._inductor.config as inductor_config
-
     run_dir = new_run(tmp_path)
-    cache, where = opened(run_dir, enabled=False)
+    cache, where, inside = opened(run_dir, enabled=False)
     assert where == str(run_dir / compile_cache.SCRATCH) and cache.outcome() == "off"
-    assert not inductor_config.fx_graph_cache and not cache_root(run_dir).exists()
+    assert inside == (False, False) and not cache_root(run_dir).exists()
 
 
 @pytest.mark.parametrize("planted", ["group-writable folder", "other-writable file", "link", "foreign owner"])
@@ -87,7 +93,7 @@ def test_a_cache_another_user_could_have_written_is_refused_with_its_line(
         os.chown(entry, 65534, 65534)
         expected = f"{entry} is owned by uid 65534, not by you (uid {os.geteuid()})"
     with caplog.at_level(logging.WARNING, logger="remote_worker.decoding.compile_cache"):
-        cache, where = opened(run_dir)
+        cache, where, _ = opened(run_dir)
     assert where == str(run_dir / compile_cache.SCRATCH) and cache.outcome() == "refused"
     assert [r.getMessage() for r in caplog.records] == [
         f"compile cache not used: {expected}; compiling in the run's scratch folder "
@@ -109,7 +115,7 @@ def test_a_read_only_or_full_cache_falls_back_to_a_cold_compile_and_names_the_ca
 
     monkeypatch.setattr(compile_cache.tempfile, "NamedTemporaryFile", refused)  # what a write there meets
     with caplog.at_level(logging.WARNING, logger="remote_worker.decoding.compile_cache"):
-        cache, where = opened(run_dir)
+        cache, where, _ = opened(run_dir)
     assert where == str(run_dir / compile_cache.SCRATCH) and cache.outcome() == "refused"
     assert (
         caplog.records[0]
@@ -130,7 +136,7 @@ def test_a_compile_that_failed_for_lack_of_space_says_so(tmp_path: Path) -> None
 def test_a_cache_shared_with_a_named_group_is_that_groups(tmp_path: Path) -> None:
     group = grp.getgrgid(os.getegid()).gr_name
     run_dir = new_run(tmp_path)
-    cache, where = opened(run_dir, group=group)
+    cache, where, _ = opened(run_dir, group=group)
     root = cache_root(run_dir, group)
     assert root.name == f"compile-cache.group-{group}" and cache.enabled and where == str(root / "inductor")
     assert stat.S_IMODE(root.stat().st_mode) == 0o2770 and root.stat().st_gid == os.getegid()
