@@ -90,6 +90,26 @@ def test_the_block_compiles_into_one_graph_and_agrees_with_eager() -> None:
     assert (compiled - eager).abs().max().item() <= bound(mlp, x, eager)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_eager_loop_over_experts_is_the_gathered_path(dtype: str) -> None:
+    """Run eagerly the block loops over the experts the routing hit (`looped`); a graph gathers each
+    assignment's weights (`gathered`): the same outputs within the rounding of two evaluation orders, every
+    assignment in place (an expert no token chose, one chosen by every token)."""
+    for mlp in moe_blocks(dtype, "qwen3_5_moe"):
+        moe = SparseMoE(mlp)
+        for tokens in (1, 2 * GATHERED + 3):
+            x = torch.randn(tokens, mlp.gate.weight.shape[1], generator=torch.Generator().manual_seed(tokens))
+            x = x.to(getattr(torch, dtype))
+            _, experts = moe.route(x)
+            rows, chosen = x.repeat_interleave(moe.top_k, dim=0), experts.flatten()
+            skewed = torch.where(chosen % 3 == 0, 0, chosen)  # expert 0 far above its share, some none
+            for picked in (chosen, skewed):
+                looped, gathered = moe.looped(rows, picked), moe.gathered(rows, picked)
+                assert looped.shape == gathered.shape
+                assert (looped - gathered).abs().max().item() <= bound(mlp, x, gathered), (tokens, dtype)
+            assert torch.equal(moe.expert_outputs(x, experts), moe.looped(rows, chosen))  # eager takes the loop
+
+
 def test_the_grouped_matmul_path_is_the_gathered_path() -> None:
     """`torch._grouped_mm` runs eagerly on a CPU in float32 (under compile, on a GPU, bfloat16 only): the
     sorted-by-expert path computes what the gathered one does."""
@@ -99,5 +119,4 @@ def test_the_grouped_matmul_path_is_the_gathered_path() -> None:
     _, experts = moe.route(x)
     rows, chosen = x.repeat_interleave(moe.top_k, dim=0), experts.flatten()
     gathered, grouped = moe.gathered(rows, chosen), moe.grouped(rows, chosen)
-    assert torch.equal(moe.expert_outputs(x, experts), gathered)  # a CPU takes the gathered path
     assert (grouped - gathered).abs().max().item() <= bound(mlp, x, gathered)

@@ -8,9 +8,12 @@ every shape depends only on the number of tokens n and the routed experts per to
   worker's reference), top-k, renormalised where the model does;
 - the n·k (token, expert) assignments: on a GPU in bfloat16, sorted by expert with per-expert offsets
   (`bincount` + `cumsum`, on the device) and run as two grouped matmuls (`torch._grouped_mm`); elsewhere
-  (a CPU, float32/float64, where the pinned torch's compiled grouped matmul takes bfloat16 only) each
-  assignment's expert weights are gathered and run as a batched matmul, 64 assignments at a time (a
-  reference path for CPUs and float32/float64 exactness runs, not the fast one);
+  (a CPU, float32/float64, where the pinned torch's compiled grouped matmul takes bfloat16 only), in a
+  compiled graph, each assignment's expert weights are gathered and run as a batched matmul, 64 assignments
+  at a time (fixed shapes, but a copy of an expert's weights per assignment); run eagerly, the assignments
+  sorted by expert and each expert's rows through it as one matmul, as the module's own loop runs them
+  (shapes that follow the routing, which only a graph needs fixed: on a CPU 10× faster than the gathered
+  copies at a tree's 257 tokens);
 - the combine: each token's k weighted outputs summed in ascending expert order, one after another, the
   order in which the module's loop adds them (`index_add_` over the experts it hits, from zero);
 - the shared expert and its sigmoid gate, as the module.
@@ -81,7 +84,9 @@ class SparseMoE:
     def expert_outputs(self, x: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
         """Each assignment's expert output [n·k, hidden] (row i: token i // k through experts.flatten()[i])."""
         rows, chosen = x.repeat_interleave(self.top_k, dim=0), experts.flatten()  # [n·k, hidden], [n·k]
-        return self.grouped(rows, chosen) if grouped_mm_supported(x) else self.gathered(rows, chosen)
+        if grouped_mm_supported(x):
+            return self.grouped(rows, chosen)
+        return self.gathered(rows, chosen) if torch.compiler.is_compiling() else self.looped(rows, chosen)
 
     def grouped(self, rows: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
         """The assignments sorted by expert, per-expert offsets, two grouped matmuls, unsorted."""
@@ -99,6 +104,21 @@ class SparseMoE:
             gate, up = torch.bmm(self.gate_up[index], part[:, :, None])[..., 0].chunk(2, dim=-1)  # [m, I] each
             outs.append(torch.bmm(self.down[index], (self.act_fn(gate) * up)[:, :, None])[..., 0])
         return torch.cat(outs)
+
+    def looped(self, rows: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        """Eager only (its loop and shapes follow the routing, read on the host): the assignments sorted by
+        expert, each expert's rows through its two matmuls at once, unsorted."""
+        order = chosen.argsort(stable=True)
+        counts = torch.bincount(chosen, minlength=self.gate_up.shape[0]).tolist()
+        outs, start = [], 0
+        for expert, count in enumerate(counts):
+            if count:
+                part = rows[order[start : start + count]]
+                gate, up = F.linear(part, self.gate_up[expert]).chunk(2, dim=-1)
+                outs.append(F.linear(self.act_fn(gate) * up, self.down[expert]))
+                start += count
+        out = torch.cat(outs)
+        return torch.empty_like(out).index_copy_(0, order, out)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [n, hidden] → [n, hidden]."""
