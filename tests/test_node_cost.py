@@ -200,6 +200,13 @@ def test_the_record_reads_back_as_it_was_written() -> None:
         (1000, 256, [1, 2, 4, 8, 16, 32, 64, 128, 256]),
         (1000, 1024, [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]),
         (20, 24, [1, 2, 4, 8, 16, 24]),
+        # the run's own sizes (cap: the largest budget's tree): no power of two a node below it
+        (64, 65, [1, 2, 4, 8, 16, 32, 65]),
+        (16, 17, [1, 2, 4, 8, 17]),
+        (47, 48, [1, 2, 4, 8, 16, 32, 48]),  # half again: kept
+        (40, 41, [1, 2, 4, 8, 16, 41]),
+        (63, 64, [1, 2, 4, 8, 16, 32, 64]),
+        (2, 3, [1, 2, 3]),
     ],
 )
 def test_sizes_double_up_to_what_the_largest_budget_needs(budget: int, cap: int, sizes: list[int]) -> None:

@@ -32,6 +32,8 @@ def quiet_libraries() -> None:
     migrations (alembic, MLflow's `Creating initial MLflow database tables...`), urllib3's retries. Set before
     Hydra starts: a sweep's callback opens the store before any job does."""
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # MLflow sets its level when imported, from this
+    # its `Downloading artifacts: 100%|███|` bars, drawn when a finished run's files are read back to sign them
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)
     for chatty in ("alembic", "matplotlib", "mlflow", "urllib3"):  # matplotlib: `generated new fontManager`
         logging.getLogger(chatty).setLevel(logging.WARNING)
