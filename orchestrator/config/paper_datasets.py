@@ -32,6 +32,7 @@ from pathlib import Path
 from string import Formatter
 from typing import Any
 
+from orchestrator.config.mirror_check import MirrorRefused, check_mirror
 from remote_worker.prompt_set import Prompt, PromptSetError, unencodable
 
 Row = Mapping[str, Any]
@@ -205,6 +206,10 @@ def _rows(paper_set: PaperSet, datasets_dir: Path | None) -> Any:
         missing = [file for file in paper_set.files if not (folder / file).is_file()]
         if missing:
             raise PromptSetError(f"{name}: {folder} has no {missing[0]}; download it again with: {fetch}")
+        try:  # read only inside itself, and only as the paper's data (`mirror_check`)
+            check_mirror(folder, datasets_dir, paper_set.files)
+        except (MirrorRefused, OSError) as exc:
+            raise PromptSetError(f"{name}: {exc}") from None
         where = f"from {folder}"
     else:
         where = "from the Hugging Face hub"
