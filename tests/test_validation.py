@@ -61,6 +61,14 @@ def test_valid_choices_and_plain_keys_pass() -> None:
         ("decode.block_size=1", "decode.block_size=1 must be an integer >= 2"),
         ("decode.compile=maybe", "decode.compile='maybe' must be true, false or auto"),
         ("attach=xyz", "attach='xyz' must name a run: its MLflow run id, a unique prefix of it (hexadecimal), or last"),
+        # superscripts pass `str.isdigit`, and 5,000 digits are past what `int` converts: a crash each, once
+        ("experiment.shard='¹/²'", "experiment.shard='¹/²' must be i/n with 0 <= i < n (prompts i, i+n, …), or null"),
+        (
+            f"experiment.shard={'9' * 5000}/2",
+            "experiment.shard='" + "9" * 120 + "… (5002 characters)' must be i/n "
+            "with 0 <= i < n (prompts i, i+n, …), or null",
+        ),
+        ("experiment.shard=3/3", "experiment.shard='3/3' must be i/n with 0 <= i < n (prompts i, i+n, …), or null"),
     ],
 )
 def test_bad_values_give_one_line_naming_the_key(override: str, message: str) -> None:
@@ -153,6 +161,11 @@ def test_cli_rejects_bad_config_before_creating_anything(tmp_path: Path, overrid
         ),
         (["host=kpro5", "host.keepalive=3"], "host.keepalive is not a config key; did you mean host.keepalive_s?"),
         (["zzz=1"], "zzz is not a config key"),
+        (  # Hydra's own report of an unreadable override is a page with a caret under the character
+            ["seed=1", "experiment.shard=¹/²"],
+            "'experiment.shard=¹/²' is not an override Hydra can read: quote the value for Hydra, as in "
+            "\"experiment.shard='¹/²'\"",
+        ),
     ],
 )
 def test_an_unknown_key_is_one_line_with_the_closest_key(args: list[str], message: str) -> None:

@@ -19,6 +19,7 @@ from orchestrator.config.model_shape import model_shape, positive_int
 from orchestrator.config.prompt_lengths import PromptTooShort, prompt_lengths
 from orchestrator.config.prompts import resolve_prompts
 from orchestrator.config.settings import SYNC_METHODS, JobConfig
+from orchestrator.config.text import printable, shown
 from remote_worker.decoding.tree_limits import beyond_draft
 from remote_worker.prompt_set import PromptSetError, round_trip
 from remote_worker.spec import DEVICES, DTYPES, EXPERIMENT_NAMES, MODEL_SOURCES
@@ -51,9 +52,19 @@ def check_group_choices(args: Sequence[str], conf_dir: Path) -> None:
     Malformed overrides are left for Hydra to report.
     """
     candidates = [a for a in args if "=" in a and not a.startswith("-")]
+    parser = OverridesParser.create()
     try:
-        overrides = OverridesParser.create().parse_overrides(candidates)
+        overrides = parser.parse_overrides(candidates)
     except HydraException:
+        for arg in candidates:  # the one Hydra cannot read, named in one line (its own report is a page)
+            try:
+                parser.parse_override(arg)
+            except HydraException:
+                key, _, value = arg.partition("=")
+                raise ConfigError(
+                    f"{shown(arg)} is not an override Hydra can read: quote the value for Hydra, as in "
+                    f"\"{printable(key)}='{printable(value)[:40]}'\""
+                ) from None
         return
     _check_known_keys([o for o in overrides if not (conf_dir / o.key_or_group).is_dir()], overrides, conf_dir)
     for override in overrides:
@@ -191,9 +202,12 @@ def _check_prompts(experiment: dict[str, Any]) -> None:
         raise ConfigError(f"experiment.enable_thinking={experiment['enable_thinking']!r} must be true or false")
     shard = experiment.get("shard")
     if shard is not None:
-        part, slash, count = str(shard).partition("/")
-        if not (slash and part.isdigit() and count.isdigit() and int(part) < int(count)):
-            raise ConfigError(f"experiment.shard={shard!r} must be i/n with 0 <= i < n (prompts i, i+n, …), or null")
+        # ASCII digits, at most nine: `str.isdigit` takes `¹` and `int` a digit string only below 4,300 digits
+        match = re.fullmatch(r"([0-9]{1,9})/([0-9]{1,9})", str(shard))
+        if not (match and int(match[1]) < int(match[2])):
+            raise ConfigError(
+                f"experiment.shard={shown(shard)} must be i/n with 0 <= i < n (prompts i, i+n, …), or null"
+            )
     datasets_dir = experiment.get("datasets_dir")
     if datasets_dir is not None and not isinstance(datasets_dir, str):
         raise ConfigError(f"experiment.datasets_dir={datasets_dir!r} must be a folder's path, or null (the hub)")
@@ -208,7 +222,7 @@ def _check_prompts(experiment: dict[str, Any]) -> None:
         raise PromptsError(f"experiment.prompts: {exc}") from exc
     if shard is not None and prompts is not None:
         limit = experiment.get("num_prompts") or len(prompts)
-        part, count = (int(x) for x in str(shard).split("/"))
+        part = int(str(shard).split("/")[0])
         if part >= min(limit, len(prompts)):
             raise ConfigError(
                 f"experiment.shard={shard} holds no prompt: the set has {counted(min(limit, len(prompts)), 'prompt')}"
