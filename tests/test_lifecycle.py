@@ -844,6 +844,14 @@ def test_a_run_launched_in_another_workdir_is_refused_without_it_and_cancelled_w
         f"cancel: run {job.run_id[:8]} records host.workdir=/host/elsewhere; this command's is /host/work. A tag "
         "is never followed: give host.workdir=/host/elsewhere if that is where you launched it"
     )
+    # a forged tag's folder is quoted for the shell in the advice: pasted, `$(…)` stays part of a word
+    job.tags[tags.HOST_WORKDIR] = "/host/$(touch pwned)"
+    with contextlib.redirect_stderr(io.StringIO()) as err:
+        code, _ = run(job_config(tmp_path, f"cancel={job.run_id}"), host)
+    assert code == 2 and err.getvalue().strip().endswith(
+        "A tag is never followed: give 'host.workdir=/host/$(touch pwned)' if that is where you launched it"
+    )
+    job.tags[tags.HOST_WORKDIR] = "/host/elsewhere"
     code, out = run(job_config(tmp_path, f"cancel={job.run_id}", "host.workdir=/host/elsewhere"), host)
     assert code == 0 and job.status == "KILLED", out
     assert host.run_dir.startswith("/host/elsewhere/runs/") and host.signals_sent() == ["-TERM"]

@@ -5,6 +5,7 @@ tracking store, checked against the config (`tracking/location.py`), proven on i
 from __future__ import annotations
 
 import posixpath
+import shlex
 import sys
 import time
 from dataclasses import dataclass
@@ -68,9 +69,10 @@ def attached_state(client: MlflowClient, store: StateStore, config: JobConfig, c
         console.print(f"[yellow]{escape(note)}[/yellow]")
     state = store.load(run_id)
     if state is not None and state.run_dir != where.run_dir:
+        launched_into = posixpath.dirname(posixpath.dirname(state.run_dir))
         raise ConfigError(
-            f"run {run_id[:8]} was launched from here into {posixpath.dirname(posixpath.dirname(state.run_dir))}; "
-            f"this command's host.workdir is {config.host.workdir}: give host.workdir= that folder"
+            f"run {run_id[:8]} was launched from here into {printable(launched_into)}; this command's host.workdir "
+            f"is {config.host.workdir}: give {printable(shlex.quote(f'host.workdir={launched_into}'))}"
         )
     if state is None:
         state = state_from_tags(config, run_id, run.data.tags, console)

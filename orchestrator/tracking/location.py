@@ -16,12 +16,13 @@ A run's tags record its host (`host`), how it was reached (`host.hostname`, `hos
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from orchestrator.config import host_values
 from orchestrator.config.settings import HostConfig, JobConfig
-from orchestrator.config.text import shown
+from orchestrator.config.text import printable, shown
 from orchestrator.config.validation import ConfigError
 from orchestrator.tracking import tags
 
@@ -72,9 +73,10 @@ def located(config: JobConfig, run_id: str, run_tags: Mapping[str, str]) -> Loca
             host_values.folder(recorded)
         except ValueError as exc:
             raise ConfigError(f"run {short}: its tag host.workdir={shown(recorded)} {exc}; nothing was done") from exc
+        given = shlex.quote(f"host.workdir={recorded}")  # a tag anyone could write: pasted, it stays a word
         raise ConfigError(
-            f"run {short} records host.workdir={recorded}; this command's is {workdir}. A tag is never followed: "
-            f"give host.workdir={recorded} if that is where you launched it"
+            f"run {short} records host.workdir={printable(recorded)}; this command's is {workdir}. A tag is never "
+            f"followed: give {printable(given)} if that is where you launched it"
         )
     run_dir = host_values.run_dir_for(workdir, run_id)
     notes = []
