@@ -10,10 +10,11 @@ every shape depends only on the number of tokens n and the routed experts per to
   (`bincount` + `cumsum`, on the device) and run as two grouped matmuls (`torch._grouped_mm`); elsewhere
   (a CPU, float32/float64, where the pinned torch's compiled grouped matmul takes bfloat16 only), in a
   compiled graph, each assignment's expert weights are gathered and run as a batched matmul, 64 assignments
-  at a time (fixed shapes, but a copy of an expert's weights per assignment); run eagerly, the assignments
-  sorted by expert and each expert's rows through it as one matmul, as the module's own loop runs them
-  (shapes that follow the routing, which only a graph needs fixed: on a CPU 10× faster than the gathered
-  copies at a tree's 257 tokens);
+  at a time (fixed shapes, but a copy of an expert's weights per assignment); run eagerly, where those copies
+  would pass `GATHER_BYTES`, the assignments sorted by expert and each expert's rows through it as one
+  matmul, as the module's own loop runs them (shapes that follow the routing, which only a graph needs
+  fixed; at tiny_qwen3_next's widths on a CPU 15× faster than the copies at a tree's 257 tokens, 1.4×
+  slower at one token, where the loop's host read of the counts is most of the work);
 - the combine: each token's k weighted outputs summed in ascending expert order, one after another, the
   order in which the module's loop adds them (`index_add_` over the experts it hits, from zero);
 - the shared expert and its sigmoid gate, as the module.
@@ -33,6 +34,8 @@ from remote_worker.models.fusion import FusedLinear
 # Assignments whose expert weights are gathered at once, off the grouped path: at Qwen3-Next's widths
 # (2048 hidden, 512 per expert) 64 experts' weights are 800 MB in float32.
 GATHERED = 64
+# Eagerly, the gathered copies up to this many bytes (a few tokens at tiny widths), else the loop over experts.
+GATHER_BYTES = 512 << 10
 
 
 def is_sparse_moe(mlp: nn.Module) -> bool:
@@ -86,7 +89,10 @@ class SparseMoE:
         rows, chosen = x.repeat_interleave(self.top_k, dim=0), experts.flatten()  # [n·k, hidden], [n·k]
         if grouped_mm_supported(x):
             return self.grouped(rows, chosen)
-        return self.gathered(rows, chosen) if torch.compiler.is_compiling() else self.looped(rows, chosen)
+        copies = rows.shape[0] * (self.gate_up[0].numel() + self.down[0].numel()) * rows.element_size()
+        if torch.compiler.is_compiling() or copies <= GATHER_BYTES:
+            return self.gathered(rows, chosen)
+        return self.looped(rows, chosen)
 
     def grouped(self, rows: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
         """The assignments sorted by expert, per-expert offsets, two grouped matmuls, unsorted."""
