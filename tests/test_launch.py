@@ -95,6 +95,25 @@ def test_worker_survives_in_its_own_session_and_stop_kills_the_group(tmp_path: P
     assert wait_until(lambda: not group_alive(status.pid), timeout=5)
 
 
+def test_a_kill_that_was_itself_killed_is_no_answer_that_the_group_is_gone() -> None:
+    """Slurm cancelling a step signals every process in it, the `kill -0` just forked included (exit -15): that
+    is not the group gone. Only `kill -0`'s own failure (exit 1) is; past the deadline without one, not gone."""
+    from orchestrator.host import launch
+
+    class Answers:
+        def __init__(self, codes: list[int]) -> None:
+            self.codes = iter(codes)
+
+        def run(self, argv: Sequence[str], check: bool = True) -> CommandResult:
+            assert list(argv[:2]) == ["kill", "-0"]
+            return CommandResult(next(self.codes), "", "")
+
+    answers = Answers([-15, 143, 0, 0, 1])
+    assert launch._wait_until_gone(answers, "-42", 10.0)  # type: ignore[arg-type]
+    assert next(answers.codes, None) is None  # it asked until `kill -0` failed, not at the first killed `kill`
+    assert not launch._wait_until_gone(Answers(itertools.repeat(-15)), "-42", 0.2)  # type: ignore[arg-type]
+
+
 def test_a_group_killed_outright_is_reported_as_vanished(tmp_path: Path) -> None:
     run_dir = new_run(tmp_path)
     start_worker(transport, str(run_dir), fake_python(tmp_path, "sleep 60"), "/code", {})

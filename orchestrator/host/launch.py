@@ -137,11 +137,14 @@ def wait_for_start(
 
 
 def _wait_until_gone(transport: Transport, group: str, timeout_s: float) -> bool:
+    """Whether the process group ended within `timeout_s`: gone only when `kill -0` says so (its exit 1). A
+    `kill` that was itself killed is no answer: Slurm cancelling a step signals every process in it, the
+    `kill` just forked included, and reading that as "gone" once left a live worker and its run RUNNING."""
     deadline = time.monotonic() + timeout_s
-    while transport.run(["kill", "-0", group], check=False).exit_code == 0:
+    while (code := transport.run(["kill", "-0", group], check=False).exit_code) != 1:
         if time.monotonic() > deadline:
             return False
-        time.sleep(0.1)
+        time.sleep(0.1 if code == 0 else 0.02)
     return True
 
 
