@@ -97,17 +97,12 @@ def prompt_problems(
     try:
         for number, overrides in enumerate(job_overrides):
             try:
-                job = composer.job(overrides)
-                HydraConfig.instance().set_config(job)  # `${hydra:...}` in the job's values resolves as in the job
-                with open_dict(job):
-                    del job["hydra"]
-                resolve_config(job)
+                _check(composer.job(overrides))
             except PromptsError as exc:
                 found.setdefault(str(exc), []).append(number)
             except Exception as exc:  # noqa: BLE001 - any other mistake is the job's to report, in its row
                 if every_mistake:
-                    message = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
-                    found.setdefault(" ".join(message.split()), []).append(number)
+                    found.setdefault(_one_line(exc), []).append(number)
     finally:
         HydraConfig.instance().cfg = saved  # type: ignore[assignment]
     return [PromptProblem(message, tuple(jobs)) for message, jobs in found.items()]
@@ -124,16 +119,25 @@ def pool_problems(master: DictConfig, job_overrides: Sequence[str], pool: Sequen
     try:
         for name in pool:
             try:
-                job = loader.load_sweep_config(master, [*job_overrides, f"host={name}"])
-                HydraConfig.instance().set_config(job)
-                with open_dict(job):
-                    del job["hydra"]
-                resolve_config(job)
+                _check(loader.load_sweep_config(master, [*job_overrides, f"host={name}"]))
             except MissingConfigException:
                 found.append(PromptProblem(f"sweep.hosts: no host config named {name!r} (conf/host/{name}.yaml)", (0,)))
             except Exception as exc:  # noqa: BLE001 - every mistake is the dry run's to report
-                message = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
-                found.append(PromptProblem(f"sweep.hosts: {name}: {' '.join(message.split())}", (0,)))
+                found.append(PromptProblem(f"sweep.hosts: {name}: {_one_line(exc)}", (0,)))
     finally:
         HydraConfig.instance().cfg = saved  # type: ignore[assignment]
     return found
+
+
+def _check(job: DictConfig) -> None:
+    """A composed job's config checked as the job will check it; the caller restores HydraConfig after."""
+    HydraConfig.instance().set_config(job)  # `${hydra:...}` in the job's values resolves as in the job
+    with open_dict(job):
+        del job["hydra"]
+    resolve_config(job)
+
+
+def _one_line(exc: Exception) -> str:
+    """A config mistake's own line; anything else named by its type, on one line."""
+    message = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+    return " ".join(message.split())
