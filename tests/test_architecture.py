@@ -11,6 +11,8 @@ a lazy import cannot hide an upward arrow. The layers, outer to inner, and what 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -150,6 +152,24 @@ def test_only_the_hook_imports_a_concrete_transport() -> None:
         if target in CONCRETE and name != HOOK
     ]
     assert not offenders, f"concrete transports imported outside {HOOK}: {offenders}"
+
+
+# The heavy libraries each orchestrator process would pay for on start: torch and transformers' model machinery
+# (about 5 s of CPU), matplotlib (0.7 s). Every command imports the whole package's graph; they are imported
+# where they are used (a figure drawn, the paper's intervals, a tokenizer that is not plain).
+HEAVY = ("torch", "transformers", "matplotlib")
+
+
+def test_importing_every_orchestrator_module_imports_no_heavy_library() -> None:
+    names = sorted(name for name in modules() if not name.endswith("__main__"))
+    code = (
+        "import importlib, sys\n"
+        f"for name in {names!r}:\n"
+        "    importlib.import_module(name)\n"
+        f"    assert not (heavy := [k for k in {HEAVY!r} if k in sys.modules]), (name, heavy)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-2000:]
 
 
 # -- the checks themselves fail where they must ---------------------------------------------------------------

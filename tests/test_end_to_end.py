@@ -20,7 +20,7 @@ from orchestrator.stream.events import split_events
 from orchestrator.stream.sink import MlflowSink
 from orchestrator.stream.state import StateStore
 from orchestrator.tracking.markdown_table import plain_markdown
-from remote_worker.decoding.comparison import AR_BY_DEFINITION
+from remote_worker.decoding.figure_rules import AR_BY_DEFINITION
 from remote_worker.experiments.decode_report import AR_AGAINST_ITSELF
 from tests.conftest import JobPaths, MlflowServer, group_alive, run_orchestrator, start_orchestrator
 from tests.test_sink import snapshot

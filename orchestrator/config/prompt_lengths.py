@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator.config.chat_tokens import plain_chat_tokenizer
 from orchestrator.config.checkpoints import local_checkpoint
 from orchestrator.config.prompts import resolve_prompts
 from remote_worker.prompt_set import DEFAULT_PROMPTS, Prompt, load_prompt_file
@@ -51,6 +52,10 @@ def _prompt_file(experiment: dict[str, Any], checkpoint: Path | None) -> tuple[l
 
 @functools.lru_cache(maxsize=4)  # a sweep checks every job's prompts before the first: one load per model
 def _tokenizer(checkpoint: Path) -> Any:
+    """The checkpoint's tokenizer: read without torch where it is plain (`chat_tokens`), else as the worker
+    reads it."""
+    if (plain := plain_chat_tokenizer(checkpoint)) is not None:
+        return plain
     import transformers
 
     return transformers.AutoTokenizer.from_pretrained(checkpoint)

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from orchestrator.sweep.rows import INTERVALS, Row, short_names, varying_keys
 from orchestrator.tracking.job_summary import SPEEDUP_CI, TAU_CI, VS_DFLASH, cell
 from orchestrator.tracking.markdown_table import markdown_table
-from remote_worker.decoding.bootstrap import MIN_PROMPTS
-from remote_worker.decoding.comparison import AR_BY_DEFINITION
+from remote_worker.decoding.figure_rules import AR_BY_DEFINITION, MIN_PROMPTS
 from remote_worker.wording import counted
 
 # The per-method figures each job contributes to the parent's metrics: `job3.ddtree_tb32.speedup_vs_ar`, and

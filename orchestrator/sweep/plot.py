@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from pathlib import Path
-
-import matplotlib
-
-matplotlib.use("Agg")  # no display: figures are files logged to MLflow
-import matplotlib.pyplot as plt
+from typing import TYPE_CHECKING
 
 from orchestrator.sweep.rows import Row
-from orchestrator.tracking.plots import VIEWER_WIDTH_IN, budget_axis, save_figure
+from orchestrator.tracking.plots import VIEWER_WIDTH_IN, budget_axis, pyplot, save_figure
+
+if TYPE_CHECKING:
+    import matplotlib.pyplot as plt
 
 
 def plot_sweep(rows: list[Row], out_dir: Path) -> list[Path]:
@@ -35,7 +34,7 @@ def draw_sweep(rows: list[Row]) -> plt.Figure | None:
     if not lines:
         return None
     # Two panels a row and the legend below: the artifact viewer's width (it shrank a 13-inch figure's labels).
-    fig, axes = plt.subplots(2 * len(lines), 1, figsize=(VIEWER_WIDTH_IN, 7.0 * len(lines) + 1.0), squeeze=False)
+    fig, axes = pyplot().subplots(2 * len(lines), 1, figsize=(VIEWER_WIDTH_IN, 7.0 * len(lines) + 1.0), squeeze=False)
     pairs = [(axes[2 * i][0], axes[2 * i + 1][0]) for i in range(len(lines))]
     for (model, jobs), panels in zip(sorted(lines.items()), pairs, strict=True):
         budgets = sorted({r.tree_budget for points in jobs.values() for r in points if r.tree_budget})

@@ -16,6 +16,7 @@ from typing import Any
 
 from orchestrator.tracking.budget_table import budget_csv, budget_line, budget_markdown
 from orchestrator.tracking.markdown_table import markdown_table
+from remote_worker.decoding.figure_rules import MIN_PROMPTS
 from remote_worker.wording import counted
 
 # The range beside the median tokens/s is printed at the median's own precision: rounding to one format keeps
@@ -76,7 +77,6 @@ CSV_KEYS = (
     "prompts",
     "peak_memory_mb",
 )
-MIN_PROMPTS = 5  # remote_worker.decoding.bootstrap.MIN_PROMPTS: the fewest prompts an interval rests on
 
 
 @dataclass(frozen=True)

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
+if TYPE_CHECKING:
+    import matplotlib.pyplot as plt
 
 SUMMARY_FILE = "decode_summary.json"  # written by remote_worker.experiments.ddtree_gdn
 
@@ -19,6 +18,18 @@ NAMES = {"ar": "AR", "dflash": "DFlash", "ddtree": "DDTree"}
 # MLflow's artifact viewer shows an image at most its pane's width (about 840 px) and scales a wider one down,
 # labels too: every figure is drawn that wide at the DPI it is saved with (`save_figure`).
 VIEWER_WIDTH_IN = 7.6
+
+
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (no display: figures are files logged to MLflow), imported on first
+    use: a command that draws nothing (`list`, `logs`, `cancel`, a dry run, a failed launch) does not pay the
+    0.7 s of CPU its import costs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def method_label(scope: str) -> str:
@@ -37,6 +48,7 @@ def plot_decode_summary(summary_file: Path, out_dir: Path) -> list[Path]:
     context = _context(summary)
     figures = []
 
+    plt = pyplot()
     fig, axes = plt.subplots(2, 1, figsize=(VIEWER_WIDTH_IN, 7.6))  # stacked: the artifact viewer's width
     budgets = [m["tree_budget"] for m in trees]
     for axis, key, label in ((axes[0], "tau", "tau (tokens per round)"), (axes[1], "speedup_vs_ar", "speedup vs AR")):
@@ -92,7 +104,7 @@ def draw_budget_curve(summary: dict) -> plt.Figure:
     memory = (prediction or {}).get("tree_memory_mb") or []
     panels = 1 + bool(prediction) + bool(memory)
     # One panel a row, each the artifact viewer's width: side by side (1914 px) they shrank to unreadable labels.
-    fig, rows = plt.subplots(panels, 1, figsize=(VIEWER_WIDTH_IN, 4.6 * panels), squeeze=False)
+    fig, rows = pyplot().subplots(panels, 1, figsize=(VIEWER_WIDTH_IN, 4.6 * panels), squeeze=False)
     axes = [[row[0] for row in rows]]
     axis = axes[0][0]
     axis.plot(budgets, curve["tau"], "-", label=f"estimated from {method_label(curve['scope'])}'s rounds")
@@ -217,7 +229,7 @@ def draw_acceptance_profiles(summary: dict) -> plt.Figure:
     columns = min(len(profiles), HEATMAP_COLUMNS)
     rows = -(-len(profiles) // columns)
     size = (4.0 * columns + 1.2, (0.4 * depth + 1.5) * rows + 0.5)
-    fig, axes = plt.subplots(rows, columns, figsize=size, squeeze=False, layout="constrained")
+    fig, axes = pyplot().subplots(rows, columns, figsize=size, squeeze=False, layout="constrained")
     panels = [axis for row in axes for axis in row]
     for axis in panels[len(profiles) :]:
         axis.set_visible(False)
@@ -269,5 +281,5 @@ def budget_axis(axis: plt.Axes, budgets: list[int]) -> None:
 
 def save_figure(fig: plt.Figure, path: Path) -> Path:
     fig.savefig(path, dpi=110)
-    plt.close(fig)
+    pyplot().close(fig)
     return path

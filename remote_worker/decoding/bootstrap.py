@@ -32,25 +32,14 @@ from __future__ import annotations
 import functools
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
+
+from remote_worker.decoding.figure_rules import MIN_PROMPTS, Interval
 
 RESAMPLES = 2000
 LEVEL = 0.95
 SEED = 23  # any fixed number: what matters is that it never changes between runs
-
-
-@dataclass(frozen=True)
-class Interval:
-    low: float
-    high: float
-
-
-# The fewest prompts an interval rests on. A percentile bootstrap over n prompts draws from n^n resamples with
-# few distinct sums: at 2–4 prompts its "95 %" interval is a handful of values, far narrower than the truth
-# (two prompts give three distinct sums), so it is not printed as one; the figure says its prompt count.
-MIN_PROMPTS = 5
 
 
 @functools.lru_cache(maxsize=8)

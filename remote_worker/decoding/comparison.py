@@ -31,11 +31,6 @@ from remote_worker.decoding.fixed_round import FixedRound
 from remote_worker.decoding.loop import DecodeResult, decode_from, prefill
 from remote_worker.models.target import TargetModel
 
-# AR's figures that are 1 by definition (tau: one token a round; speedup: itself; lossless: its own tokens).
-# Kept in its own run's figures, but never a headline metric of a job or a sweep: charts and the compare view
-# sort them first (`ar.*`), where they crowded out the figures that vary.
-AR_BY_DEFINITION = ("tau", "speedup_vs_ar", "lossless")
-
 
 @dataclass(frozen=True)
 class Method:

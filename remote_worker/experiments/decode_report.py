@@ -9,9 +9,9 @@ import json
 import statistics
 from typing import Any
 
-from remote_worker.decoding.bootstrap import MIN_PROMPTS
-from remote_worker.decoding.comparison import AR_BY_DEFINITION, Comparison, Method, PromptRun
+from remote_worker.decoding.comparison import Comparison, Method, PromptRun
 from remote_worker.decoding.divergence import Divergence
+from remote_worker.decoding.figure_rules import AR_BY_DEFINITION, MIN_PROMPTS
 from remote_worker.events import EventLog
 from remote_worker.experiments.verdict import Verdict, best_record, judge
 from remote_worker.prompt_set import Prompt

@@ -23,9 +23,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-import torch
-
-from remote_worker.decoding.bootstrap import MIN_PROMPTS, Interval, bootstrap, ratio
+from remote_worker.decoding.figure_rules import MIN_PROMPTS, Interval
 
 
 class RecordsDisagree(ValueError):
@@ -102,6 +100,10 @@ class Cell:
 
 
 def cell(records: Sequence[Record], scope: str, budget: int | None = None) -> Cell:
+    import torch  # here, not at the top: only the paper's table pays its import, not every sweep's page
+
+    from remote_worker.decoding.bootstrap import bootstrap, ratio
+
     ar = torch.tensor([r.methods["ar"].seconds_per_token for r in records], dtype=torch.float64)
     mine = torch.tensor([r.methods[scope].seconds_per_token for r in records], dtype=torch.float64)
     taus = torch.tensor([r.methods[scope].tau for r in records], dtype=torch.float64)

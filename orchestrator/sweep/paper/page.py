@@ -12,11 +12,8 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
@@ -35,7 +32,10 @@ from orchestrator.sweep.paper.table import (
     write_csv,
 )
 from orchestrator.sweep.rows import Row
-from orchestrator.tracking.plots import VIEWER_WIDTH_IN, save_figure
+from orchestrator.tracking.plots import VIEWER_WIDTH_IN, pyplot, save_figure
+
+if TYPE_CHECKING:
+    import matplotlib.pyplot as plt
 
 GENERATIONS, SUMMARY = "generations.jsonl", "decode_summary.json"
 CSV_FILE, FIGURE_FILE = "paper_table.csv", "paper_table.png"
@@ -137,7 +137,7 @@ def draw(found: Sequence[Entry], model: str) -> plt.Figure:
     temperatures = sorted({e.temperature for e in found})
     datasets = [d for d in DATASETS if any(e.dataset == d for e in found)]
     size = (VIEWER_WIDTH_IN, 3.6 * len(temperatures) + 0.8)
-    fig, axes = plt.subplots(len(temperatures), 1, figsize=size, squeeze=False)
+    fig, axes = pyplot().subplots(len(temperatures), 1, figsize=size, squeeze=False)
     width = 0.38
     for axis, t in zip((a[0] for a in axes), temperatures, strict=True):
         by_dataset = {e.dataset: e for e in found if e.temperature == t}

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from orchestrator.sweep.paper.figures import Cell, Record, best_ddtree, cell, ddtree_scopes, merge, read_records
 from orchestrator.tracking.markdown_table import NBSP, markdown_table, unbreakable
-from remote_worker.decoding.bootstrap import Interval
+from remote_worker.decoding.figure_rules import Interval
 
 DATASETS = ("gsm8k", "math500", "aime24", "aime25", "humaneval", "mbpp", "livecodebench", "swe-bench", "mt-bench",
             "alpaca")  # fmt: skip
