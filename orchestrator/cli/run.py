@@ -118,18 +118,22 @@ def _run(
         config, console, client, store, transport, experiment_id, state, launch_body, sweep, signals=signals
     )
     if sweep is not None:
-        _say_progress(console, client, sweep)
+        _say_progress(config, console, client, sweep)
     return code
 
 
-def _say_progress(console: Console, client: MlflowClient, sweep: Sweep) -> None:
+def _say_progress(config: JobConfig, console: Console, client: MlflowClient, sweep: Sweep) -> None:
     """The sweep's GPU-time so far and left, as this job ends (`sweep/plan.py`); a nicety, never an error."""
     record = read_sweep_record(sweep.dir) or {}
     if not record.get("records"):
         return
     try:
+        key = signing_key(Path(config.orchestrator.state_dir))
+    except KeyUnavailable:
+        key = None  # reused runs then count as refused, as on the page
+    try:
         with outages_named():
-            line = progress_line(client, sweep.parent_run_id, record["records"])
+            line = progress_line(client, sweep.parent_run_id, record["records"], key)
     except Exception:  # noqa: BLE001 - the estimate is an extra; the job's own outcome is already said
         return
     console.print(line, markup=False, highlight=False)
@@ -171,7 +175,7 @@ def _finished_before(
         f"[bold]sweep job #{sweep.job_num}{of}[/bold]: {escape(varying)} · already FINISHED with these settings "
         f"as run {found.run_id} ({escape(printable(found.name))}): not decoded again"
     )
-    _say_progress(console, client, sweep)
+    _say_progress(config, console, client, sweep)
     return True
 
 

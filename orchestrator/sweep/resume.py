@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from mlflow.entities import Run
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from orchestrator.tracking import tags
@@ -79,3 +80,38 @@ def reused_jobs(parent: Run) -> dict[int, str]:
         if key.startswith(tags.SWEEP_REUSED_PREFIX) and number.isdigit() and value.isalnum():
             found[int(number)] = value
     return found
+
+
+@dataclass(frozen=True)
+class ReusedRuns:
+    """A sweep's `sweep.reused.<job>` tags, checked: what may stand for each job, and why the rest may not."""
+
+    accepted: dict[int, Run]  # job -> the earlier run taken for it
+    refused: dict[int, str]  # job -> `the run named as reused (<id>) <why>`
+
+
+def checked_reused(client: MlflowClient, parent: Run, key: bytes | None) -> ReusedRuns:
+    """Every run the sweep's parent names as reused, through the checks resume applies (`why_not`, its signature
+    under `key`; None: no key, nothing accepted): the tags are claims anyone may write on the parent, so the
+    page's rows and the progress line count only what passes."""
+    accepted: dict[int, Run] = {}
+    refused: dict[int, str] = {}
+    for number, run_id in reused_jobs(parent).items():
+        try:
+            earlier = client.get_run(run_id)
+        except MlflowException:
+            earlier = None
+        if earlier is None:
+            why = "is gone"
+        elif earlier.info.experiment_id != parent.info.experiment_id:
+            why = "is in another experiment"
+        elif key is None:
+            why = "cannot be checked here (no signing key)"
+        else:
+            reason = why_not(earlier, {}, client, key)
+            why = None if reason is None else f"is refused: {reason}"
+        if why is None:
+            accepted[number] = earlier
+        else:
+            refused[number] = f"the run named as reused ({run_id}) {why}"
+    return ReusedRuns(accepted, refused)

@@ -5,12 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mlflow.entities import Run
-from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from orchestrator.config import host_values
 from orchestrator.config.text import printable
-from orchestrator.sweep.resume import reused_jobs, why_not
+from orchestrator.sweep.resume import checked_reused
 from orchestrator.tracking import tags as mlflow_tags
 
 # A method run's figures a row carries; the 95 % intervals over prompts and DDTree's speedup over DFlash are
@@ -84,27 +83,12 @@ def sweep_rows(client: MlflowClient, parent_run_id: str, key: bytes | None = Non
     the sweep's status as its own jobs make it."""
     experiment_ids = [e.experiment_id for e in client.search_experiments()]
     jobs = [(_job_number(run.data.tags), run, "") for run in _children(client, experiment_ids, parent_run_id)]
-    gone: list[Row] = []
-    parent = client.get_run(parent_run_id)
-    for number, run_id in reused_jobs(parent).items():
-        try:
-            earlier = client.get_run(run_id)
-        except MlflowException:
-            earlier = None
-        if earlier is None:
-            why = "is gone"
-        elif earlier.info.experiment_id != parent.info.experiment_id:
-            why = "is in another experiment"
-        elif key is None:
-            why = "cannot be checked here (no signing key)"
-        else:
-            reason = why_not(earlier, {}, client, key)
-            why = None if reason is None else f"is refused: {reason}"
-        if why is not None:
-            error = printable(f"the run named as reused ({run_id}) {why}")[:300]
-            gone.append(Row(job=number, status=REFUSED, model="", overrides="", error=error))
-        else:
-            jobs.append((number, earlier, run_id))
+    named = checked_reused(client, client.get_run(parent_run_id), key)
+    gone = [
+        Row(job=number, status=REFUSED, model="", overrides="", error=printable(why)[:300])
+        for number, why in named.refused.items()
+    ]
+    jobs += [(number, earlier, earlier.info.run_id) for number, earlier in named.accepted.items()]
     jobs.sort(key=lambda job: job[0])
     overrides = {run.info.run_id: run.data.tags.get(mlflow_tags.HYDRA_OVERRIDES, "").split() for _, run, _ in jobs}
     common = set.intersection(*(set(o) for o in overrides.values())) if len(jobs) > 1 else set()
