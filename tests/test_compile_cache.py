@@ -9,6 +9,7 @@ import grp
 import logging
 import os
 import pickle
+import shutil
 import stat
 import subprocess
 import sys
@@ -43,8 +44,8 @@ def opened(run_dir: Path, enabled: bool = True, group: str | None = None) -> tup
     cache switches inside; the process's own folder and switches are back afterwards."""
     before = os.environ.get("TORCHINDUCTOR_CACHE_DIR"), switches()
     try:
-        with CompileCache.open(run_dir, enabled, group) as cache:
-            return cache, os.environ["TORCHINDUCTOR_CACHE_DIR"], switches()
+        with CompileCache.open(run_dir, enabled, group) as cache:  # the folder the compiles reach, by its name
+            return cache, os.path.realpath(os.environ["TORCHINDUCTOR_CACHE_DIR"]), switches()
     finally:
         assert (os.environ.get("TORCHINDUCTOR_CACHE_DIR"), switches()) == before
 
@@ -166,6 +167,29 @@ _COMPILE = textwrap.dedent(
 )
 
 
+# The same compile with a hook between the check and the use: inside `open` (the cache checked), the folder's
+# name is given to a planted copy, as another user who may write the work folder could do (no timing race).
+_SWAPPED_COMPILE = textwrap.dedent(
+    """
+    import os, sys
+    from pathlib import Path
+
+    import torch
+
+    from remote_worker.decoding.compile_cache import CompileCache, cache_root
+
+    run_dir, planted = Path(sys.argv[1]), Path(sys.argv[2])
+    root = cache_root(run_dir)
+    with CompileCache.open(run_dir, True) as cache:
+        os.rename(root, root.with_name("checked"))
+        os.rename(planted, root)
+        compiled = torch.compile(lambda x: (x * 2 + 1).sin())
+        compiled(torch.ones(8))
+    print(cache.outcome())
+    """
+)
+
+
 class _Planted:
     """A pickle that writes a file when it is loaded (what a replaced cache entry could do)."""
 
@@ -174,6 +198,20 @@ class _Planted:
 
     def __reduce__(self):
         return (Path.write_text, (self.marker, "a planted pickle ran"))
+
+
+def _plant(root: Path, module_marker: Path, pickle_marker: Path) -> None:
+    """Every cached module of `root` made to write `module_marker` when imported, every FX-graph entry replaced by
+    a pickle that writes `pickle_marker` when loaded."""
+    modules = list(root.rglob("*.py"))
+    entries = [p for p in (root / "inductor" / "fxgraph").rglob("*") if p.is_file()]
+    assert modules and entries
+    for module in modules:
+        module.write_text(
+            module.read_text() + f"\nfrom pathlib import Path\nPath({str(module_marker)!r}).write_text('x')\n"
+        )
+    for entry in entries:
+        entry.write_bytes(pickle.dumps(_Planted(pickle_marker)))
 
 
 @pytest.mark.slow
@@ -191,16 +229,22 @@ def test_a_planted_module_and_pickle_in_a_cache_others_can_write_are_never_loade
     first = compile_once()
     assert first.returncode == 0 and first.stdout.split()[-1] == "miss", first.stderr[-2000:]
     root = cache_root(run_dir)
+
+    # A planted copy that passes every check (private, the user's own) put in the folder's place after the
+    # check: the compile still reads the folder it checked, by its handle, and nothing planted runs.
+    planted = tmp_path / "planted"
+    shutil.copytree(root, planted, symlinks=True)
+    swap_marker = tmp_path / "swapped-in-ran"
+    _plant(planted, swap_marker, swap_marker)
+    swapped = subprocess.run([sys.executable, "-c", _SWAPPED_COMPILE, str(run_dir), str(planted)], env=env,
+                             capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    assert swapped.returncode == 0 and swapped.stdout.split()[-1] == "hit", swapped.stderr[-2000:]
+    assert not swap_marker.exists(), "a planted copy swapped in after the check ran"
+    shutil.rmtree(root)  # the planted copy, now under the folder's name; the checked folder back
+    os.rename(root.with_name("checked"), root)
+
     module_marker, pickle_marker = tmp_path / "module-ran", tmp_path / "pickle-ran"
-    modules = list(root.rglob("*.py"))
-    entries = [p for p in (root / "inductor" / "fxgraph").rglob("*") if p.is_file()]
-    assert modules and entries
-    for module in modules:
-        module.write_text(
-            module.read_text() + f"\nfrom pathlib import Path\nPath({str(module_marker)!r}).write_text('x')\n"
-        )
-    for entry in entries:
-        entry.write_bytes(pickle.dumps(_Planted(pickle_marker)))
+    _plant(root, module_marker, pickle_marker)
     root.chmod(0o2775)
 
     refused = compile_once()

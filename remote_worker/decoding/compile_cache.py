@@ -12,6 +12,9 @@ unpickles the entries, inside a worker whose environment holds `host.env`'s secr
 user's alone: created 0700, written under umask 077 (files 0600, kernels 0700), and checked before each use,
 every entry in it (owner the user, no group or other write bit, no link). A folder that fails the check, is
 read-only or full is not used: the run says so in one line and compiles cold in its own scratch folder.
+The folder checked is the folder used: it is opened once (O_NOFOLLOW), checked through that handle, and the
+compiles reach it through the handle's path in /proc, so a copy put in its place in the work folder after the
+check is never read.
 
 Sharing with a group is an explicit choice, `decode.compile_cache_group=<group>`: the folder is then
 `compile-cache.group-<group>/`, mode 2770, written under umask 007, and every entry must belong to that group
@@ -79,9 +82,37 @@ def _group_id(group: str) -> int:
     return gid
 
 
-def prepare(run_dir: Path, group: str | None = None) -> Path:
-    """The cache folder, made if missing and checked whole; UnsafePath (one line) when it may not be used:
-    another owner or group, a write bit for others, a link, or a folder it cannot write (read-only, full)."""
+@dataclass(frozen=True)
+class HeldFolder:
+    """The cache folder, held open: `path` reaches it through the open descriptor (`/proc/<pid>/fd/<n>/inductor`),
+    so renaming or replacing `compile-cache.<user>` in the work folder after the check changes nothing this run
+    reads or writes; `shown` is its name, for messages."""
+
+    fd: int
+    path: Path
+    shown: Path
+
+
+def _hold(root: Path) -> int:
+    """`root` opened as a folder, never through a link (O_NOFOLLOW): the handle every check and use goes through."""
+    try:
+        return os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafePath(f"{root} is a symbolic link") from exc
+        if exc.errno == errno.ENOTDIR:
+            raise UnsafePath(f"{root} is not a folder") from exc
+        raise UnsafePath(f"{root} could not be opened: {_cause(exc)}") from exc
+
+
+def prepare(run_dir: Path, group: str | None = None) -> HeldFolder:
+    """The cache folder, made if missing, opened once and checked whole through that handle; UnsafePath (one
+    line) when it may not be used: another owner or group, a write bit for others, a link, or a folder it
+    cannot write (read-only, full). The caller closes `fd` when its compiles are done.
+
+    The check and the use read the same folder: the check walks the tree below the open descriptor, and the
+    compiles reach it by the descriptor's path in /proc (inductor's worker processes too: the path names this
+    process), not by its name in the work folder, which anyone who may write the work folder could swap."""
     gid = _group_id(group) if group else None
     root = cache_root(run_dir, group)
     mode = 0o2770 if gid is not None else 0o700
@@ -94,19 +125,27 @@ def prepare(run_dir: Path, group: str | None = None) -> Path:
         pass
     except OSError as exc:
         raise UnsafePath(f"{root} could not be made: {_cause(exc)}") from exc
-    problem = folder_problem(os.lstat(root), str(root), group=gid) or tree_problem(root, group=gid)
-    if problem is not None:
-        raise UnsafePath(problem)
-    folder = root / "inductor"
+    fd = _hold(root)
     try:
-        folder.mkdir(mode=mode & 0o770, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".probe-") as probe:
-            probe.write(b"\0" * 4096)
-            probe.flush()
-            os.fsync(probe.fileno())
-    except OSError as exc:
-        raise UnsafePath(f"{folder} cannot be written: {_cause(exc)}") from exc
-    return folder
+        held = f"/proc/{os.getpid()}/fd/{fd}"
+        if not os.path.isdir(f"{held}/."):
+            raise UnsafePath(f"{root} cannot be held open here (no /proc/<pid>/fd): not used")
+        problem = folder_problem(os.fstat(fd), str(root), group=gid) or tree_problem(f"{held}/.", group=gid)
+        if problem is not None:
+            raise UnsafePath(problem.replace(f"{held}/.", str(root)))
+        folder, shown = Path(held) / "inductor", root / "inductor"
+        try:
+            folder.mkdir(mode=mode & 0o770, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=folder, prefix=".probe-") as probe:
+                probe.write(b"\0" * 4096)
+                probe.flush()
+                os.fsync(probe.fileno())
+        except OSError as exc:
+            raise UnsafePath(f"{shown} cannot be written: {_cause(exc)}") from exc
+    except BaseException:
+        os.close(fd)
+        raise
+    return HeldFolder(fd, folder, shown)
 
 
 def _cause(exc: OSError) -> str:
@@ -127,6 +166,7 @@ class CompileCache:
     enabled: bool  # the shared cache is in use (not off, not refused)
     refused: str | None = None  # why the cache was not used (the run compiled in its scratch folder)
     _start: tuple[int, int] = (0, 0)
+    shown: Path | None = None  # the folder's name for messages (`folder` may be its held path in /proc)
 
     @classmethod
     @contextmanager
@@ -138,10 +178,12 @@ class CompileCache:
         import torch._inductor.config as inductor_config
 
         refused = None
-        folder = run_dir / SCRATCH
+        folder = shown = run_dir / SCRATCH
+        held = None
         if enabled:
             try:
-                folder = prepare(run_dir, group)
+                held = prepare(run_dir, group)
+                folder, shown = held.path, held.shown
             except UnsafePath as exc:
                 refused = str(exc)
                 LOG.warning("compile cache not used: %s; compiling in the run's scratch folder (%s)", refused, SILENCE)
@@ -154,8 +196,10 @@ class CompileCache:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
             inductor_config.fx_graph_cache = use_cache
             functorch_config.enable_autograd_cache = use_cache
-            yield cls(folder, use_cache, refused, _tally())
+            yield cls(folder, use_cache, refused, _tally(), shown)
         finally:
+            if held is not None:
+                os.close(held.fd)
             # The process's own cache settings too: left off, every later compile of the process (a test
             # process's, a bench's) would compile cold (1 min → 2 min for a full-depth twin).
             inductor_config.fx_graph_cache, functorch_config.enable_autograd_cache = old_caches
@@ -185,5 +229,5 @@ class CompileCache:
             free_mb = None
         if "No space left" in error or "ENOSPC" in error or (free_mb is not None and free_mb < LOW_SPACE_MB):
             where = f" ({free_mb:.0f} MB free)" if free_mb is not None else ""
-            return f"no space left for the compile in {self.folder}{where}"
+            return f"no space left for the compile in {self.shown or self.folder}{where}"
         return None
