@@ -11,6 +11,7 @@ import pytest
 from mlflow.entities import Param, RunTag
 from mlflow.tracking import MlflowClient
 
+from orchestrator.sweep.membership import Sweep
 from orchestrator.sweep.plan import gpu_time, make_plan, progress_line
 from orchestrator.sweep.resume import find_finished, reused_jobs, reused_tag, why_not
 from orchestrator.tracking import tags
@@ -149,7 +150,7 @@ def test_an_all_failed_sweep_is_not_done(client: MlflowClient) -> None:
     for job in range(20):
         run = client.create_run(experiment, start_time=now, tags={tags.PARENT_RUN_ID: parent, tags.SWEEP_JOB: str(job)})
         client.set_terminated(run.info.run_id, "FAILED", end_time=now + 9000)
-    assert progress_line(client, parent, [8] * 20, KEY) == "plan: 0/20 jobs done (20 failed) in 3.0 GPU-min"
+    assert progress_line(client, parent, [8] * 20, {}) == "plan: 0/20 jobs done (20 failed) in 3.0 GPU-min"
 
 
 def test_the_estimate_is_the_time_per_record_so_far_times_the_records_left(client: MlflowClient) -> None:
@@ -160,21 +161,20 @@ def test_the_estimate_is_the_time_per_record_so_far_times_the_records_left(clien
         run = client.create_run(experiment, start_time=now, tags={tags.PARENT_RUN_ID: parent, tags.SWEEP_JOB: str(job)})
         client.set_terminated(run.info.run_id, "FINISHED", end_time=now + seconds * 1000)
     running = client.create_run(experiment, start_time=now, tags={tags.PARENT_RUN_ID: parent, tags.SWEEP_JOB: "2"})
-    earlier = job_run(client, experiment, settings_params(RESOLVED, "text"))
-    sign_run(client, earlier, KEY)
-    client.set_tag(parent, reused_tag(3), earlier)
-    line = progress_line(client, parent, [2, 4, 30, 100], KEY)
+    client.set_tag(parent, reused_tag(3), "abc")
+    noted = {3: "abc"}  # the job's own note that it took run abc (`Sweep.note_reused`)
+    line = progress_line(client, parent, [2, 4, 30, 100], noted)
     assert running.info.end_time is None
     assert line == "plan: 3/4 jobs done (1 reused) in 60 GPU-s · about 5.0 GPU-min left (10.0 s a record)"
     client.set_terminated(running.info.run_id, "FINISHED", end_time=now + 300 * 1000)  # 360 s over 36 records
     assert (
-        progress_line(client, parent, [2, 4, 30, 100], KEY)
+        progress_line(client, parent, [2, 4, 30, 100], noted)
         == "plan: 4/4 jobs done (1 reused) in 6.0 GPU-min (10.0 s a record)"
     )
     failed = client.create_run(experiment, start_time=now, tags={tags.PARENT_RUN_ID: parent, tags.SWEEP_JOB: "4"})
     client.set_terminated(failed.info.run_id, "FAILED", end_time=now + 40 * 1000)  # no record: not in the pace
     assert (
-        progress_line(client, parent, [2, 4, 30, 100, 7], KEY)
+        progress_line(client, parent, [2, 4, 30, 100, 7], noted)
         == "plan: 4/5 jobs done (1 reused, 1 failed) in 6.7 GPU-min (10.0 s a record)"
     )
     assert gpu_time(59) == "59 GPU-s" and gpu_time(600) == "10.0 GPU-min" and gpu_time(36000) == "10.0 GPU-h"
@@ -205,8 +205,16 @@ def test_a_forged_reused_tag_on_a_sweeps_parent_is_a_refused_row_never_the_sweep
     assert rows[3].status == REFUSED and "is in another experiment" in rows[3].error
     assert sweep_status(list(rows.values())) == "FINISHED"
     assert all(row.status == REFUSED for row in sweep_rows(client, parent, None) if row.job > 0)
-    # and the progress line each job prints counts only the run that passed as reused, the rest as refused
-    assert progress_line(client, parent, [2] * 4, KEY).startswith(
+    # The progress line each job prints counts a reused job only where its tag names the run the job noted
+    # taking in the sweep's own folder (job 1 here); tags no job of the sweep wrote count as refused.
+    sweep = Sweep(tmp_path, parent, 1, fail_fast=False)
+    sweep.note_reused(signed)
+    Sweep(tmp_path, "another-parent", 2, fail_fast=False).note_reused(unsigned)  # another sweep's note
+    assert sweep.reused_here() == {1: signed}
+    assert progress_line(client, parent, [2] * 4, sweep.reused_here()).startswith(
         "plan: 2/4 jobs done (1 reused, 2 reused runs refused) in 0 GPU-s · about 0 GPU-s left"
     )
-    assert progress_line(client, parent, [2] * 4, None).startswith("plan: 1/4 jobs done (3 reused runs refused)")
+    client.set_tag(parent, reused_tag(1), unsigned)  # the tag rewritten to name another run: refused too
+    assert progress_line(client, parent, [2] * 4, sweep.reused_here()).startswith(
+        "plan: 1/4 jobs done (3 reused runs refused)"
+    )

@@ -118,22 +118,18 @@ def _run(
         config, console, client, store, transport, experiment_id, state, launch_body, sweep, signals=signals
     )
     if sweep is not None:
-        _say_progress(config, console, client, sweep)
+        _say_progress(console, client, sweep)
     return code
 
 
-def _say_progress(config: JobConfig, console: Console, client: MlflowClient, sweep: Sweep) -> None:
+def _say_progress(console: Console, client: MlflowClient, sweep: Sweep) -> None:
     """The sweep's GPU-time so far and left, as this job ends (`sweep/plan.py`); a nicety, never an error."""
     record = read_sweep_record(sweep.dir) or {}
     if not record.get("records"):
         return
     try:
-        key = signing_key(Path(config.orchestrator.state_dir))
-    except KeyUnavailable:
-        key = None  # reused runs then count as refused, as on the page
-    try:
         with outages_named():
-            line = progress_line(client, sweep.parent_run_id, record["records"], key)
+            line = progress_line(client, sweep.parent_run_id, record["records"], sweep.reused_here())
     except Exception:  # noqa: BLE001 - the estimate is an extra; the job's own outcome is already said
         return
     console.print(line, markup=False, highlight=False)
@@ -171,11 +167,12 @@ def _finished_before(
         return False
     with outages_named():
         client.set_tag(sweep.parent_run_id, reused_tag(sweep.job_num), found.run_id)
+    sweep.note_reused(found.run_id)
     console.print(
         f"[bold]sweep job #{sweep.job_num}{of}[/bold]: {escape(varying)} · already FINISHED with these settings "
         f"as run {found.run_id} ({escape(printable(found.name))}): not decoded again"
     )
-    _say_progress(config, console, client, sweep)
+    _say_progress(console, client, sweep)
     return True
 
 

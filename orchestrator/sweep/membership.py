@@ -19,6 +19,7 @@ from orchestrator.config.handover import read_whole, write_first, write_whole
 
 SWEEP_FILE = "sweep.json"
 CANCELLED_FILE = "cancelled"
+REUSED_NOTE = "reused"  # `reused.<parent run>.<job>`: the run a job of the sweep took (`Sweep.note_reused`)
 
 
 class SweepCancelled(Exception):
@@ -45,6 +46,21 @@ class Sweep:
         all (`write_first`): created empty and filled after, a job polling between the two read a cancel
         with no reason."""
         write_first(self.dir / CANCELLED_FILE, reason + "\n")
+
+    def note_reused(self, run_id: str) -> None:
+        """Record in the sweep's own folder that this job took `run_id` (`sweep.resume`, the run checked): the
+        progress line each job prints counts reused jobs from these notes, not from the parent's
+        `sweep.reused.<job>` tags, which anyone who can write to the tracking store may add."""
+        write_whole(self.dir / f"{REUSED_NOTE}.{self.parent_run_id}.{self.job_num}", run_id + "\n", 0o600)
+
+    def reused_here(self) -> dict[int, str]:
+        """The jobs of this sweep that took an earlier run, as they noted it: job → run id."""
+        found = {}
+        for note in self.dir.glob(f"{REUSED_NOTE}.{self.parent_run_id}.*"):
+            number = note.name.rsplit(".", 1)[1]
+            if number.isdigit() and (text := read_whole(note)) is not None:
+                found[int(number)] = text.strip()
+        return found
 
     def check(self) -> None:
         """Raise SweepCancelled when the sweep was cancelled (called between polls of a running job)."""

@@ -21,7 +21,7 @@ from mlflow.tracking import MlflowClient
 
 from orchestrator.config.prompts import resolve_prompts
 from orchestrator.config.validation import ConfigError
-from orchestrator.sweep.resume import checked_reused
+from orchestrator.sweep.resume import reused_jobs
 from orchestrator.tracking.tags import SWEEP_JOB
 from remote_worker.prompt_set import PromptSetError
 from remote_worker.wording import counted
@@ -90,16 +90,20 @@ def make_plan(base: Mapping[str, Any], jobs: Sequence[Mapping[str, str]]) -> Pla
     return Plan(records, methods, repeats)
 
 
-def progress_line(client: MlflowClient, parent_run_id: str, records: Sequence[int | None], key: bytes | None) -> str:
+def progress_line(
+    client: MlflowClient, parent_run_id: str, records: Sequence[int | None], noted: Mapping[int, str]
+) -> str:
     """The sweep so far, from its job runs' own start and end times, and the GPU-time left at that pace.
 
     Finished, failed (or killed) and reused jobs are counted apart: a failed job took GPU time but decoded
     nothing, so the time per record is the finished jobs' time over their records alone. A reused job counts
-    only when its run passes resume's checks under `key` (`resume.checked_reused`); one named by a tag that
-    fails them is neither done nor reused, and the line counts it as refused."""
+    only where the parent's `sweep.reused.<job>` tag names the run the job itself noted taking (`noted`, from
+    `Sweep.reused_here`: each was checked as resume checks, once); a tag anyone else wrote is counted as
+    refused, neither done nor reused. (The page checks every named run again, signature and all, once.)"""
     parent = client.get_run(parent_run_id)
-    named = checked_reused(client, parent, key)
-    reused = set(named.accepted)
+    named = reused_jobs(parent)
+    reused = {n for n, run_id in named.items() if noted.get(n) == run_id}
+    refused = len(named) - len(reused)
     runs = client.search_runs(
         [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent_run_id}'", max_results=10000
     )
@@ -109,7 +113,7 @@ def progress_line(client: MlflowClient, parent_run_id: str, records: Sequence[in
     seconds = sum((r.info.end_time - r.info.start_time) / 1000 for _, r in ended)
     parts = [f"plan: {len(finished | reused)}/{len(records)} jobs done"]
     parts += [f"{len(reused)} reused"] * bool(reused) + [f"{len(failed)} failed"] * bool(failed)
-    parts += [f"{len(named.refused)} reused run{'s' * (len(named.refused) > 1)} refused"] * bool(named.refused)
+    parts += [f"{refused} reused run{'s' * (refused > 1)} refused"] * bool(refused)
     line = f"{parts[0]} ({', '.join(parts[1:])})" if len(parts) > 1 else parts[0]
     line += f" in {gpu_time(seconds)}"
     decoded = sum(records[n] or 0 for n in finished - reused if n < len(records))
