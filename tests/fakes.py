@@ -262,6 +262,8 @@ class FakeHost:
         local_path.write_bytes(self.files[path])
         return True
 
+    code_snapshot = True
+
     def prepare_code(self, workdir: str, method: str, owner: str = "") -> tuple[str, bool]:
         self._check()
         return "/code/abc", False

@@ -30,7 +30,7 @@ from orchestrator.host.run_folder import EXIT_CODE_FILE, LEASE_FILE
 from orchestrator.sweep.host_pool import POLL_S, HostUnreachable, Turns, choose_host, waiting_line
 from tests.conftest import MlflowServer, run_orchestrator
 from tests.sshd import SSHServer
-from tests.test_launch import assert_never_shared, fake_python, wait_until
+from tests.test_launch import assert_never_shared, code_dir, fake_python, wait_until
 
 transport = LocalTransport()
 
@@ -202,7 +202,7 @@ def test_the_supervisor_that_leases_a_gpu_ends_the_claim_on_it(tmp_path: Path) -
     assert look(locks, gpus=[0], claim=True).claimed == 0
     python = fake_python(tmp_path, "sleep 1")
     write_spec(transport, str(run_dir), {})
-    start_worker(transport, str(run_dir), python, "/code", {}, gpus=[0], locks_dir=str(locks))
+    start_worker(transport, str(run_dir), python, code_dir(tmp_path), {}, gpus=[0], locks_dir=str(locks))
     assert wait_until(lambda: (run_dir / LEASE_FILE).exists())
     leased = look(locks, gpus=[0])
     assert (leased.busy, leased.reserved) == (1, 0)

@@ -32,6 +32,14 @@ def fake_python(tmp_path: Path, body: str) -> str:
     return str(script)
 
 
+def code_dir(tmp_path: Path, name: str = "code") -> str:
+    """A worker's code folder as the sync leaves it (the user's, writable by no one else): the supervisor holds it
+    open and checks it before it starts the (fake) interpreter."""
+    folder = tmp_path / name
+    folder.mkdir(mode=0o755, parents=True, exist_ok=True)
+    return str(folder)
+
+
 def new_run(tmp_path: Path, host: LocalTransport = transport, name: str = "run") -> Path:
     """A run folder in the real layout (`<work folder>/runs/<run id>/`) with a spec naming its run id: what
     `stop_worker` proves before it signals anything."""
@@ -60,12 +68,12 @@ def test_spec_and_run_dir_are_private(tmp_path: Path) -> None:
 def test_exit_code_and_arguments_are_recorded(tmp_path: Path) -> None:
     run_dir = new_run(tmp_path)
     python = fake_python(tmp_path, 'echo "$@" > args; echo "$PYTHONPATH $EXTRA" > env; exit 3')
-    start_worker(transport, str(run_dir), python, "/code/dir", {"EXTRA": "x y"})
+    start_worker(transport, str(run_dir), python, code_dir(tmp_path), {"EXTRA": "x y"})
     assert wait_until(lambda: (run_dir / EXIT_CODE_FILE).exists())
     status = worker_status(transport, str(run_dir))
     assert (status.state, status.exit_code) == ("exited", 3)
     assert (run_dir / "args").read_text() == "-m remote_worker run spec.json\n"
-    assert (run_dir / "env").read_text() == "/code/dir x y\n"
+    assert (run_dir / "env").read_text() == "/dev/fd/8 x y\n"  # the code folder, held open
     assert status.describe() == "worker exited with code 3"
 
 
@@ -74,7 +82,8 @@ def test_shell_syntax_in_paths_and_env_is_taken_literally(tmp_path: Path) -> Non
     run_dir = tmp_path / f"odd dir; touch {marker}; $(touch {marker}) `touch {marker}`"
     write_spec(transport, str(run_dir), {})
     python = fake_python(tmp_path, 'echo "$VALUE" > value')
-    start_worker(transport, str(run_dir), python, f"/code; touch {marker}", {"VALUE": f"'; touch {marker}; '"})
+    odd_code = code_dir(tmp_path, f"code; touch {marker.name}; $(touch {marker.name})")
+    start_worker(transport, str(run_dir), python, odd_code, {"VALUE": f"'; touch {marker}; '"})
     assert wait_until(lambda: (run_dir / EXIT_CODE_FILE).exists())
     assert (run_dir / "value").read_text() == f"'; touch {marker}; '\n"
     assert not marker.exists()
@@ -84,7 +93,7 @@ def test_worker_survives_in_its_own_session_and_stop_kills_the_group(tmp_path: P
     run_dir = new_run(tmp_path)
     # Ignores SIGTERM, so only the SIGKILL after the grace period can end it; `sleep` is a child in its group.
     python = fake_python(tmp_path, "trap '' TERM; sleep 60 & wait; sleep 60")
-    start_worker(transport, str(run_dir), python, "/code", {})
+    start_worker(transport, str(run_dir), python, code_dir(tmp_path), {})
     status = wait_for_start(transport, str(run_dir))
     assert status.state == "running" and status.pid is not None
     assert os.getpgid(status.pid) == status.pid == os.getsid(status.pid), "leader of its own session and group"
@@ -116,7 +125,7 @@ def test_a_kill_that_was_itself_killed_is_no_answer_that_the_group_is_gone() -> 
 
 def test_a_group_killed_outright_is_reported_as_vanished(tmp_path: Path) -> None:
     run_dir = new_run(tmp_path)
-    start_worker(transport, str(run_dir), fake_python(tmp_path, "sleep 60"), "/code", {})
+    start_worker(transport, str(run_dir), fake_python(tmp_path, "sleep 60"), code_dir(tmp_path), {})
     status = wait_for_start(transport, str(run_dir))
     pgid = int((run_dir / PID_FILE).read_text())
     assert status.pid == pgid
@@ -139,7 +148,9 @@ def test_gpu_leases_are_never_shared_and_a_third_job_waits(tmp_path: Path) -> No
     python = fake_python(tmp_path, 'echo "$CUDA_VISIBLE_DEVICES $(date +%s.%N)" > used; sleep 1.5; date +%s.%N >> used')
     run_dirs = [new_run(tmp_path, name=f"run{i}") for i in range(3)]
     for run_dir in run_dirs:
-        start_worker(transport, str(run_dir), python, "/code", {}, gpus=[0, 1], locks_dir=str(tmp_path / "locks"))
+        start_worker(
+            transport, str(run_dir), python, code_dir(tmp_path), {}, gpus=[0, 1], locks_dir=str(tmp_path / "locks")
+        )
     saw_waiting = wait_until(lambda: any(worker_status(transport, str(d)).state == "waiting" for d in run_dirs))
     assert all(wait_until(lambda d=d: (d / EXIT_CODE_FILE).exists(), timeout=30) for d in run_dirs)
     used, leased = [], []
@@ -175,7 +186,7 @@ def test_the_workers_environment_is_in_no_process_list_nor_left_on_disk(tmp_path
     secret = f"hf_{uuid.uuid4().hex}"
     run_dir = new_run(tmp_path)
     python = fake_python(tmp_path, 'echo "$HF_TOKEN|$OTHER" > seen; sleep 30')
-    start_worker(transport, str(run_dir), python, "/code", {"HF_TOKEN": secret, "OTHER": "a b"})
+    start_worker(transport, str(run_dir), python, code_dir(tmp_path), {"HF_TOKEN": secret, "OTHER": "a b"})
     try:
         assert wait_until(lambda: (run_dir / "seen").exists())
         assert (run_dir / "seen").read_text() == f"{secret}|a b\n", "the worker still sees its variables"
@@ -253,7 +264,7 @@ def test_over_ssh_the_environment_travels_by_sftp_and_stays_out_of_ps(sshd, tmp_
         run_dir = tmp_path / "remote" / "runs" / ("1f" * 16)
         write_spec(ssh, str(run_dir), {"run_id": "1f" * 16})
         python = fake_python(tmp_path, 'echo "$HF_TOKEN" > seen; sleep 30')
-        start_worker(ssh, str(run_dir), python, "/code", {"HF_TOKEN": secret})
+        start_worker(ssh, str(run_dir), python, code_dir(tmp_path), {"HF_TOKEN": secret})
         assert wait_until(lambda: (run_dir / "seen").exists())
         assert (run_dir / "seen").read_text() == f"{secret}\n"
         assert not (run_dir / ENV_FILE).exists()
@@ -332,3 +343,56 @@ def test_a_status_read_killed_by_the_jobs_sigterm_is_asked_again(tmp_path: Path)
     assert (status.state, status.exit_code) == ("exited", 3)
     with pytest.raises(CommandFailed):
         worker_status(TermedOnce(2), str(run_dir))
+
+
+def _snapshots(tmp_path: Path) -> tuple[Path, Path]:
+    """The work folder's code folder with a snapshot the sync checked (`real`), and a planted copy beside it
+    that an attacker who may write the work folder would swap in under the same name."""
+    work = tmp_path / "work"
+    for folder, text in ((work / "code" / "abc", "real"), (work / "code.planted" / "abc", "planted")):
+        (folder / "remote_worker").mkdir(parents=True, mode=0o755)
+        (folder / "remote_worker" / "__init__.py").write_text(text)
+    return work, work / "code" / "abc"
+
+
+@pytest.mark.parametrize("planted", ["group-writable", "foreign owner"])
+def test_a_code_folder_swapped_before_the_worker_opens_it_is_refused(tmp_path: Path, planted: str) -> None:
+    """The sync checked the snapshot by name; then the `code` folder is swapped for a planted copy (the hook: the
+    test swaps it before the launch). The supervisor holds the folder it is given, checks what it holds, and
+    starts nothing from a copy another user owns or could write."""
+    work, snapshot = _snapshots(tmp_path)
+    entry = work / "code.planted" / "abc" / "remote_worker" / "__init__.py"
+    if planted == "foreign owner":
+        if os.geteuid() != 0:
+            pytest.skip("giving a file to another user needs root")
+        os.chown(entry, 65534, 65534)
+    else:
+        entry.chmod(0o664)
+    os.rename(work / "code", work / "code.real")
+    os.rename(work / "code.planted", work / "code")
+    run_dir = new_run(tmp_path)
+    start_worker(transport, str(run_dir), fake_python(tmp_path, 'cat "$PYTHONPATH/remote_worker/__init__.py" > read'),
+                 str(snapshot), {})  # fmt: skip
+    assert wait_until(lambda: (run_dir / EXIT_CODE_FILE).exists())
+    assert worker_status(transport, str(run_dir)).exit_code == 126 and not (run_dir / "read").exists()
+    assert (run_dir / "stderr.log").read_text() == (
+        f"ddtree-worker: not run from {snapshot}: {snapshot}/remote_worker/__init__.py is a link, not yours, "
+        "or writable by others\n"
+    )
+
+
+def test_a_code_folder_swapped_after_the_check_is_not_what_the_worker_reads(tmp_path: Path) -> None:
+    """The swap made at the worst moment, by the (fake) interpreter itself just before it reads its code: it
+    reads the folder the supervisor held and checked, through its descriptor, not the name (the real worker's
+    imports go the same way: PYTHONPATH is /dev/fd/8)."""
+    work, snapshot = _snapshots(tmp_path)
+    swap_then_read = (
+        'mv "$W/code" "$W/code.real" && mv "$W/code.planted" "$W/code" && '
+        'cat "$PYTHONPATH/remote_worker/__init__.py" > read && echo "$PYTHONPATH" > path'
+    )
+    run_dir = new_run(tmp_path)
+    start_worker(transport, str(run_dir), fake_python(tmp_path, swap_then_read), str(snapshot), {"W": str(work)})
+    assert wait_until(lambda: (run_dir / EXIT_CODE_FILE).exists())
+    assert worker_status(transport, str(run_dir)).exit_code == 0, (run_dir / "stderr.log").read_text()
+    assert (work / "code" / "abc" / "remote_worker" / "__init__.py").read_text() == "planted", "the swap happened"
+    assert (run_dir / "read").read_text() == "real" and (run_dir / "path").read_text() == "/dev/fd/8\n"

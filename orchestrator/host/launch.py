@@ -54,13 +54,27 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _WRITE_WAITING = sh_write_whole('"$gpus"', WAITING_FILE)
 _WRITE_LEASE = sh_write_whole('"$lease $(date +%s.%N)"', LEASE_FILE)
 _WRITE_LEASE_END = sh_write_whole(f'"$({sh_read(LEASE_FILE)}) $(date +%s.%N)"', LEASE_FILE)
+# The worker's code is held, not named: the snapshot folder (PYTHONPATH) is opened as fd 8, checked through it
+# (no link, nothing another user owns or could write: the sync's check, again, on what runs), and the worker
+# imports through /dev/fd/8, its own inherited descriptor. The sync's check ran by name, seconds earlier; a
+# work folder others may write could have had its `code` folder swapped for a planted copy since.
+# (With $3 = `checkout`, this machine's own checkout, the code is run as it is.)
+_HOLD_CODE = (
+    'if [ "$held" = snapshot ]; then '
+    '[ -d "$PYTHONPATH" ] || { echo "ddtree-worker: the code folder $PYTHONPATH is gone" >&2; exit 126; }; '
+    'exec 8<"$PYTHONPATH"; '
+    'bad=$(find /dev/fd/8/. \\( -type l -o ! -user "$(id -u)" -o -perm /022 \\) -print 2>/dev/null | head -n 1); '
+    'if [ -n "$bad" ] || [ ! -d /dev/fd/8/. ]; then echo "ddtree-worker: not run from $PYTHONPATH: '
+    '$PYTHONPATH${bad#/dev/fd/8/.} is a link, not yours, or writable by others" >&2; exit 126; fi; '
+    "export PYTHONPATH=/dev/fd/8; fi; "
+)
 _SUPERVISE = (
     f"{sh_write_whole('$$', PID_FILE)}; "
     f"if [ -e {CANCELLED_FILE} ]; then rm -f {ENV_FILE}; {sh_write_whole('143', EXIT_CODE_FILE)}; exit 0; fi; "
     f"if [ -L {ENV_FILE} ] || ! worker_env=$({sh_read(ENV_FILE)}) || [ ! -f {ENV_FILE} ]; then "
     f"rm -f {ENV_FILE}; {sh_write_whole('1', EXIT_CODE_FILE)}; exit 1; fi; "
     f"rm -f {ENV_FILE}; "
-    "gpus=$1; locks=$2; shift 2; "
+    "gpus=$1; locks=$2; held=$3; shift 3; "
     'if [ -n "$gpus" ]; then [ -d "$locks" ] || { mkdir -p "$locks" && chmod 1777 "$locks"; } 2>/dev/null; lease=; '
     'while [ -z "$lease" ]; do for g in $gpus; do f="$locks/gpu$g.lock"; '
     '[ -e "$f" ] || (umask 0; : >> "$f"); exec 9<"$f"; '
@@ -70,7 +84,7 @@ _SUPERVISE = (
     "break; done 2>/dev/null; "
     f"{_WRITE_LEASE}; rm -f {WAITING_FILE}; "
     "export CUDA_VISIBLE_DEVICES=$lease; fi; "
-    '(eval "$worker_env" && exec "$@"); code=$?; '
+    f'(eval "$worker_env" || exit $?; {_HOLD_CODE}exec "$@"); code=$?; '
     f'if [ -n "$gpus" ]; then {_WRITE_LEASE_END}; fi; '
     f"{sh_write_whole('$code', EXIT_CODE_FILE)}"
 )
@@ -101,12 +115,14 @@ def start_worker(
     env: Mapping[str, str],
     gpus: Sequence[int] = (),
     locks_dir: str = "",
+    held: bool = True,
 ) -> None:
     """Launch `python -m remote_worker run spec.json` detached in `run_dir`; returns at once.
 
     `env` (and PYTHONPATH=`code_dir`) reach the worker through worker.env, never a command line; the file
     is gone by the time the worker runs. With `gpus`, the worker first leases one of them (a lock in
-    `locks_dir`) and sees only that one."""
+    `locks_dir`) and sees only that one. `held`: `code_dir` is a snapshot in the work folder, opened and
+    checked by the supervisor and imported through its descriptor (False: this machine's checkout)."""
     variables = {**{str(name): str(value) for name, value in env.items()}, "PYTHONPATH": code_dir}
     for name in variables:
         if not _ENV_NAME.fullmatch(name):
@@ -118,6 +134,7 @@ def start_worker(
                          "secrets are not written there")  # fmt: skip
     candidates = " ".join(str(int(g)) for g in gpus)
     argv = ["sh", "-c", _DETACH, "launch", run_dir, posixpath.basename(run_dir), candidates, locks_dir]
+    argv.append("snapshot" if held else "checkout")
     argv += [python, "-m", "remote_worker", "run", SPEC_FILE]
     transport.run(argv)
 

@@ -66,6 +66,8 @@ class LocalTransport:
     def fetch(self, path: str, local_path: Path) -> bool:
         return self._folder.copy_to(self._file(path), local_path)
 
+    code_snapshot = False  # the checkout itself
+
     def prepare_code(self, workdir: str, method: str, owner: str = "") -> tuple[str, bool]:
         return str(PROJECT_ROOT), False
 

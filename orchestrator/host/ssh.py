@@ -369,5 +369,7 @@ class SSHTransport:
                     self.close()  # now only forgets the SFTP session and the connection
             raise
 
+    code_snapshot = True  # WORKDIR/code/<hash> (`sync.py`)
+
     def prepare_code(self, workdir: str, method: str, owner: str = "") -> tuple[str, bool]:
         return sync_code(self, workdir, method=method, owner=owner)

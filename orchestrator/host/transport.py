@@ -128,6 +128,11 @@ class Transport(Protocol):
     def fetch(self, path: str, local_path: Path) -> bool:
         """Copy the regular file `path` to `local_path`; False when it does not exist."""
 
+    # True where `prepare_code` answers a snapshot in the work folder, which others who may write that folder
+    # could swap: the supervisor then holds it open and checks it again as the worker starts (`launch.py`).
+    # False for this machine's own checkout, run as it is.
+    code_snapshot: bool
+
     def prepare_code(self, workdir: str, method: str, owner: str = "") -> tuple[str, bool]:
         """Where the worker's code is on the host (its PYTHONPATH), and whether anything was copied there.
         `owner` (the run's id) names a partial copy, for `sync.remove_abandoned_parts`.

@@ -111,6 +111,7 @@ def launch(job: Job, report: dict[str, Any], code_dir: str) -> None:
             host.env,
             lease_candidates(host, report),
             host.gpu_lock_dir,
+            held=job.transport.code_snapshot,
         )
     except (CommandFailed, *CONNECTION_ERRORS) as exc:
         with contextlib.suppress(CommandFailed, *CONNECTION_ERRORS):
