@@ -93,7 +93,8 @@ class ReusedRuns:
 def checked_reused(client: MlflowClient, parent: Run, key: bytes | None) -> ReusedRuns:
     """Every run the sweep's parent names as reused, through the checks resume applies (`why_not`, its signature
     under `key`; None: no key, nothing accepted): the tags are claims anyone may write on the parent, so the
-    page's rows and the progress line count only what passes."""
+    page shows only what passes as the sweep's (the progress line counts the jobs' own notes instead,
+    `Sweep.reused_here`: it runs at every job's end, and this check downloads each named run's files)."""
     accepted: dict[int, Run] = {}
     refused: dict[int, str] = {}
     for number, run_id in reused_jobs(parent).items():
