@@ -32,6 +32,7 @@ from orchestrator.host.run_folder import (
     WorkerStatus,
     worker_status,
 )
+from orchestrator.host.sync import sh_first_foreign
 from orchestrator.host.transport import Transport, UnsafePath
 from remote_worker.prompt_set import RUN_PROMPTS_FILE
 
@@ -63,7 +64,7 @@ _HOLD_CODE = (
     'if [ "$held" = snapshot ]; then '
     '[ -d "$PYTHONPATH" ] || { echo "ddtree-worker: the code folder $PYTHONPATH is gone" >&2; exit 126; }; '
     'exec 8<"$PYTHONPATH"; '
-    'bad=$(find /dev/fd/8/. \\( -type l -o ! -user "$(id -u)" -o -perm /022 \\) -print 2>/dev/null | head -n 1); '
+    f"bad=$({sh_first_foreign('/dev/fd/8/.')}); "
     'if [ -n "$bad" ] || [ ! -d /dev/fd/8/. ]; then echo "ddtree-worker: not run from $PYTHONPATH: '
     '$PYTHONPATH${bad#/dev/fd/8/.} is a link, not yours, or writable by others" >&2; exit 126; fi; '
     "export PYTHONPATH=/dev/fd/8; fi; "

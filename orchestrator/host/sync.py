@@ -104,10 +104,19 @@ _SWEEP = (
     'recent=$(find "$part" -cmin "-$3" 2>/dev/null) || continue; '
     '[ -n "$recent" ] || rm -rf -- "$part"; done; '
 )
+
+
 # What runs as the worker is imported from here: a code folder or snapshot that is a link, not this user's, or
 # writable by anyone else may hold code someone planted (a snapshot named with our hash, or files a
-# `--link-dest` would hard-link into ours). `_FOREIGN` prints the first such entry under $1 ($1 included).
-_FOREIGN = 'find "$1" \\( -type l -o ! -user "$(id -u)" -o -perm /022 \\) -print 2>/dev/null | head -n 1'
+# `--link-dest` would hard-link into ours). `sh_first_foreign(folder)` prints the first such entry under the
+# folder (itself included); the worker's supervisor runs the same check on the snapshot it holds (`launch.py`).
+def sh_first_foreign(folder: str) -> str:
+    """A shell command printing the first entry under `folder` (a shell word: quoted, or a fixed path) that is a
+    link, not this user's, or writable by its group or others; nothing when there is none."""
+    return f'find {folder} \\( -type l -o ! -user "$(id -u)" -o -perm /022 \\) -print 2>/dev/null | head -n 1'
+
+
+_FOREIGN = sh_first_foreign('"$1"')
 _LOOK = (
     'if [ -L "$1" ]; then echo "unsafe $1"; exit 0; fi; [ -d "$1" ] || mkdir -p "$1" || exit 1; '
     'bad=$(find "$1" -maxdepth 0 ! -user "$(id -u)" -print); [ -z "$bad" ] || { echo "unsafe $bad"; exit 0; }; '
