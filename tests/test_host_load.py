@@ -3,9 +3,12 @@ from a store the sink wrote, the GPU figures from `nvidia-smi`, and the page's l
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import stat
+import threading
 import time
 from pathlib import Path
 
@@ -64,18 +67,44 @@ def test_the_gpu_figures_come_from_nvidia_smi_for_the_leased_gpus(tmp_path: Path
     assert "--id=3" in (tmp_path / "args").read_text()  # the GPU the worker was leased, as torch's cuda:0
 
 
+def exited(pid: int, within_s: float) -> bool:
+    """Whether `pid` is gone or a zombie within `within_s`. SIGKILL is delivered at once but acted on when the
+    process next runs: it closes its files (the pipe the worker waited on) before it becomes a zombie, so on a busy
+    machine it can still read as running for a moment after the worker's wait returned."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if state in ("Z", "X") or time.monotonic() > deadline:
+            return state in ("Z", "X")
+        time.sleep(0.05)
+
+
 def test_a_hanging_nvidia_smi_is_killed_with_its_children_and_said_once(
     tmp_path: Path, monkeypatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    fake_smi(tmp_path, monkeypatch, f"sleep 60 & echo $! > {tmp_path}/child; wait")
+    fake_smi(tmp_path, monkeypatch, f"sleep 3600 & echo $! >> {tmp_path}/children; wait")
     monkeypatch.setattr(host_load, "SMI_TIMEOUT_S", 0.5)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
-    with caplog.at_level(logging.WARNING, logger="remote_worker.host_load"):
+    samples: list[dict[str, float]] = []
+
+    def sample_twice() -> None:
         for _ in range(2):
-            metrics, _ = host_load.sample(None)
-            assert not any(key.startswith("system/gpu_") for key in metrics)
-    child = int((tmp_path / "child").read_text())
-    assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
+            samples.append(host_load.sample(None)[0])
+
+    with caplog.at_level(logging.WARNING, logger="remote_worker.host_load"):
+        sampler = threading.Thread(target=sample_twice, daemon=True)
+        sampler.start()
+        sampler.join(timeout=120)  # 0.5 s each when the group is killed; an hour when only the shell is
+    children = [int(pid) for pid in (tmp_path / "children").read_text().split()]
+    for child in children:  # the test's own cleanup, whatever the worker did
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+    assert not sampler.is_alive(), "the worker still waits for nvidia-smi's child"
+    assert len(samples) == 2 and not any(key.startswith("system/gpu_") for m in samples for key in m)
+    assert all(exited(child, within_s=60) for child in children)
     assert [r.getMessage() for r in caplog.records] == [
         "nvidia-smi did not answer within 0.5 s (its process group was killed); GPU figures are left out of the "
         "host's load"
