@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from remote_worker.events import EventLog
-from remote_worker.experiments.ddtree_gdn import TURN_INDEX_STRIDE, run_ddtree_gdn, shard_of
+from remote_worker.experiments.ddtree_gdn import run_ddtree_gdn, shard_of
+from remote_worker.experiments.record_loop import TURN_INDEX_STRIDE
 from remote_worker.prompt_set import Prompt, PromptSetError, parse_prompts
 from remote_worker.spec import parse_spec
 from tests.specs import decode_spec

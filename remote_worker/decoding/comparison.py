@@ -88,7 +88,7 @@ def run_prompt(
 ) -> PromptRun:
     """Prefill `tokens` once (through `prefiller` when given: fixed-shape chunks), then decode them with every
     method, repeats interleaved; a method with a fixed-shape round in `rounds` (by scope) decodes with it."""
-    if methods[0].name != "ar":
+    if any(m.name == "ar" for m in methods) and methods[0].name != "ar":
         raise ValueError("AR must decode first: it is the reference of every other method")
     drafting = any(m.drafts for m in methods)
     start = prefill(target, tokens, drafter if drafting else None, prefiller)

@@ -95,6 +95,8 @@ class CompiledRounds:
     prefiller: FixedPrefill | None = None  # the compiled prefill every prompt goes through
     compile_seconds: dict[str, float] = field(default_factory=dict)  # method scope (or "prefill") -> its warm-up
     graphs_after_warmup: int = 0
+    capacity: int = 0  # positions every round was built for (`fixed_capacity` at the largest budget)
+    mode: str | None = None  # torch.compile's mode the rounds were compiled with
 
     def recompiles(self) -> int:
         """Graphs compiled since the warm-up ended (each is a recompilation of some method's round)."""
@@ -126,7 +128,7 @@ def compile_rounds(
     chunk = prefill_chunk(target.device)
     prefill_capacity = -(-(longest + chunk) // 256) * 256
     target.reserve_positions(max(capacity, prefill_capacity))  # before any graph: none may see the tables grow
-    compiled = CompiledRounds(rounds={})
+    compiled = CompiledRounds(rounds={}, capacity=capacity, mode=mode)
     warmup_tokens = min(max_new_tokens, 8)
     clock = CompileProgress(progress or (lambda done, total, message: None), len(methods) + 1)
     where = "prefill"  # what is being compiled, for the reason if it fails
@@ -141,20 +143,7 @@ def compile_rounds(
         compiled.prefiller = prefiller
         for method in methods:
             where = method.scope
-            round_drafter = drafter if method.drafts else None
-            rounds = FixedRound(target, method.name, capacity, drafter=round_drafter, budget=method.budget,
-                                temperature=temperature)  # fmt: skip
-            rounds.compile(mode)
-            started = time.perf_counter()
-            with clock.graph(f"{method.scope} round"):
-                for seed in range(2):
-                    generator = torch.Generator(target.device).manual_seed(seed) if temperature else None
-                    decode_from(target, start, method=method.name, max_new_tokens=warmup_tokens,
-                                drafter=round_drafter, budget=method.budget, rounds=rounds, temperature=temperature,
-                                generator=generator)  # fmt: skip
-            compiled.compile_seconds[method.scope] = time.perf_counter() - started
-            compiled.rounds[method.scope] = rounds
-            LOG.info("compiled the %s round in %.1f s", method.scope, compiled.compile_seconds[method.scope])
+            _compile_round(compiled, target, drafter, method, start, warmup_tokens, temperature, clock)
     except Exception as error:  # noqa: BLE001 - any failure of the compiler means: decode with the reference
         text = str(error).strip().splitlines()[0] if str(error).strip() else ""
         return f"{where}: {type(error).__name__}: {text}"[:300]
@@ -162,3 +151,56 @@ def compile_rounds(
     total = int(time.monotonic() - clock.started)
     clock.send(total, max(total, 1), f"compiled in {sum(compiled.compile_seconds.values()):.0f} s")
     return compiled
+
+
+def _compile_round(
+    compiled: CompiledRounds,
+    target: TargetModel,
+    drafter: Any,
+    method: Any,
+    start: Any,
+    warmup_tokens: int,
+    temperature: float,
+    clock: CompileProgress,
+) -> None:
+    """One method's fixed-shape round, compiled and warmed up from `start` (two decodes: the second is the one
+    a CUDA graph is captured on), kept in `compiled`."""
+    round_drafter = drafter if method.drafts else None
+    rounds = FixedRound(target, method.name, compiled.capacity, drafter=round_drafter, budget=method.budget,
+                        temperature=temperature)  # fmt: skip
+    rounds.compile(compiled.mode)
+    started = time.perf_counter()
+    with clock.graph(f"{method.scope} round"):
+        for seed in range(2):
+            generator = torch.Generator(target.device).manual_seed(seed) if temperature else None
+            decode_from(target, start, method=method.name, max_new_tokens=warmup_tokens, drafter=round_drafter,
+                        budget=method.budget, rounds=rounds, temperature=temperature, generator=generator)  # fmt: skip
+    compiled.compile_seconds[method.scope] = time.perf_counter() - started
+    compiled.rounds[method.scope] = rounds
+    LOG.info("compiled the %s round in %.1f s", method.scope, compiled.compile_seconds[method.scope])
+
+
+def add_round(
+    compiled: CompiledRounds,
+    target: TargetModel,
+    drafter: Any,
+    method: Any,
+    prompt: torch.Tensor,
+    max_new_tokens: int,
+    progress: Callable[[int, int, str], None] | None = None,
+    temperature: float = 0.0,
+) -> str | None:
+    """One more method's round beside those `compile_rounds` built (a budget no larger than theirs: the rounds'
+    capacity holds it), warmed up from `prompt`; None, or why this host's torch could not (the method then
+    decodes with the reference round). The graphs it adds are not counted as recompilations."""
+    raise_recompile_limit(len(compiled.rounds) + 2)
+    clock = CompileProgress(progress or (lambda done, total, message: None), 1)
+    try:
+        start = prefill(target, prompt, drafter, compiled.prefiller)
+        _compile_round(compiled, target, drafter, method, start, min(max_new_tokens, 8), temperature, clock)
+    except Exception as error:  # noqa: BLE001 - as in compile_rounds: the reference round decodes instead
+        text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        return f"{method.scope}: {type(error).__name__}: {text}"[:300]
+    finally:
+        compiled.graphs_after_warmup = counters["stats"]["unique_graphs"]
+    return None

@@ -17,7 +17,6 @@ shards of a set decode exactly the records the whole set would.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -29,12 +28,11 @@ import torch
 
 from remote_worker import host_load, stop_signal
 from remote_worker.decoding import peak_memory
-from remote_worker.decoding.acceptance_profile import AcceptanceProfile
-from remote_worker.decoding.budget_curve import BudgetCurve
-from remote_worker.decoding.comparison import Comparison, Method, Settings, methods_for, run_prompt
+from remote_worker.decoding.comparison import Method, PromptRun, Settings, methods_for, run_prompt
 from remote_worker.decoding.compile_cache import CompileCache
-from remote_worker.decoding.compiled import CompiledRounds, compile_rounds, wanted
+from remote_worker.decoding.compiled import CompiledRounds, add_round, compile_rounds, wanted
 from remote_worker.decoding.tree_memory import free_bytes
+from remote_worker.decoding.two_phase import sample_positions
 from remote_worker.events import EventLog
 from remote_worker.experiments.budget_answer import (
     NodeCostSlices,
@@ -47,12 +45,13 @@ from remote_worker.experiments.decode_report import (
     GENERATIONS_FILE,
     SUMMARY_FILE,
     emit_rounds,
-    generation_row,
     headline_first,
     headline_metrics,
     terminal_summary,
     write_summary,
 )
+from remote_worker.experiments.phase_two import protocol_of, run_phase_2
+from remote_worker.experiments.record_loop import Progress, RecordLoop, Tallies, Turn
 from remote_worker.experiments.verdict import best_tags
 from remote_worker.figures import rounded
 from remote_worker.models.layout import layout_params
@@ -66,7 +65,7 @@ from remote_worker.models.loading import (
 )
 from remote_worker.models.target import TargetModel
 from remote_worker.prompt_set import DEFAULT_PROMPTS, Prompt, load_prompt_file
-from remote_worker.prompts import decode_text, encode
+from remote_worker.prompts import encode
 from remote_worker.safe_files import Folder
 from remote_worker.spec import Spec
 from remote_worker.wording import counted
@@ -81,11 +80,6 @@ def prompt_source(spec: Spec) -> Path:
         return spec.run_dir / str(spec.experiment["prompts_file"])
     shipped = model_prompts(spec.model)
     return Path(shipped) if shipped else DEFAULT_PROMPTS
-
-
-# A later turn's record index: the prompt's index plus this per turn, so every record of a set has its own
-# sampling seed (`prompt_seed`) whichever shard decodes it.
-TURN_INDEX_STRIDE = 1_000_000
 
 
 def shard_of(value: Any) -> tuple[int, int]:
@@ -211,7 +205,10 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     longest = longest_ids + settings.max_new_tokens
     free = free_bytes(target.device)
     check_budgets(target, drafter.block_size, budgets, longest, free)
-    methods = methods_for(budgets)
+    protocol = protocol_of(spec.decode)
+    largest = max(budgets)
+    # Two-phase: phase 1's methods on the sample; grid: every method on every record
+    methods = methods_for([largest] if protocol.two_phase else budgets)
     passes = f" × {settings.repeats} repeats" if settings.repeats > 1 else ""
     turns = f" ({counted(records, 'turn')})" if records != len(prompts) else ""
     of_shard = f" (shard {shard}/{shards})" if shards > 1 else ""
@@ -221,83 +218,83 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     compiled = _compiled_rounds(spec, log, target, drafter, methods, encoded, settings, longest_ids)
     if compiled is None:
         _warm_up(target, drafter, encoded[0], methods)
-    slices = NodeCostSlices.of(spec, target, drafter, len(prompts), settings, budgets, compiled)
+    sample = sample_positions(len(prompts), protocol.every) if protocol.two_phase else list(range(len(prompts)))
+    sampled = sum(prompts[p].turns for p in sample)
+    slices = NodeCostSlices.of(spec, target, drafter, len(sample), settings, budgets, compiled)
     context = _job_context(spec, target, prompts)
     for method in methods:
-        params = {**context, **_method_params(method, drafter.block_size, settings, len(prompts), compiled is not None)}
+        params = {**context, **_method_params(method, drafter.block_size, settings, sampled, compiled is not None)}
         log.emit("params", params, scope=method.scope)
-    comparison = Comparison(methods, settings.temperature, target.dtype)
-    profiles = {m.scope: AcceptanceProfile() for m in methods if m.drafts}
-    curves = {m.scope: BudgetCurve(m.budget) for m in methods if m.name == "ddtree"}
-    total = records * len(methods) * settings.repeats
+    tallies = Tallies.of(methods, settings, target.dtype)
+    # Phase 2 (two-phase only) decodes DFlash on the records outside the sample and the chosen budget on all
+    total = sampled * len(methods) * settings.repeats
+    if protocol.two_phase:
+        total += (2 * records - sampled) * settings.repeats
+    progress = Progress(log, total, records)
     load = host_load.running()
     decode_started = time.time()
-    done_records = 0
+    phase_1: dict[int, list[tuple[Turn, PromptRun]]] = {}
     with os.fdopen(Folder(spec.run_dir).open_new(GENERATIONS_FILE), "w", encoding="utf-8") as generations:
-        for position, (prompt, first_ids, index) in enumerate(zip(prompts, encoded, indices, strict=True)):
-            conversation, ids, answer = prompt, first_ids, []
-            for turn in range(1, prompt.turns + 1):
-                if turn > 1:  # the last method's answer to the turn before is the history every method continues
-                    conversation = conversation.next_turn(decode_text(answer, tokenizer, skip_special=True))
-                    ids = encode(conversation, tokenizer, vocab, enable_thinking)
-                    check_fits(ids, conversation, target, settings.max_new_tokens, spec.model.name, overhang)
-                record = index + (turn - 1) * TURN_INDEX_STRIDE
 
-                label = f" ({prompt.turn_id(turn)})" if turn > 1 else ""
+        def fits(ids: torch.Tensor, conversation: Prompt) -> None:
+            check_fits(ids, conversation, target, settings.max_new_tokens, spec.model.name, overhang)
 
-                def announce(method: Method, repeat: int, at: int = done_records, label: str = label) -> None:
-                    stop_signal.check()
-                    done = (at * settings.repeats + repeat) * len(methods) + methods.index(method)
-                    tau, speed = comparison.tau_so_far(method.scope), comparison.tokens_per_s_so_far(method.scope)
-                    message = f"{method.scope} · prompt {at + 1}/{records}"
-                    message += label
-                    message += (f" · tau {tau:.2f}" if tau else "") + (f" · {speed:.0f} tok/s" if speed else "")
-                    log.progress("decode", done, total, message)
+        loop = RecordLoop(target, drafter, tokenizer, settings, enable_thinking, compiled, generations, fits)
+        marks = {"phase": 1} if protocol.two_phase else {}
+        for slot, position in enumerate(sample):
+            decoded = list(
+                loop.turns(prompts[position], encoded[position], indices[position], methods, tallies, progress,
+                           phase="phase 1 · " if protocol.two_phase else "", extra=marks)
+            )  # fmt: skip
+            if slices is not None:
+                slices.after(slot, decoded[0][0].ids, log)
+            phase_1[position] = decoded
+        summary = tallies.comparison.metrics()
+        costs = slices.costs() if slices is not None else None
+        withheld = None  # why the rounds cannot tell the budgets apart (only DDTree has budgets to tell)
+        if any(m.name == "ddtree" for m in methods):
+            withheld = curve_withheld(int(spec.decode.get("max_new_tokens", 0)), drafter.block_size)
+        curve = prediction = None
+        if withheld is None:
+            curve = budget_curve_record(methods, tallies.curves, summary)
+            prediction = predict_budget(
+                methods, tallies.curves, costs, summary, compiled=compiled is not None, target=target,
+                context=longest, free=free, prompts=sampled,
+            )  # fmt: skip
+        else:
+            LOG.warning("no budget curve and no budget prediction: %s, so no round could hold a whole tree", withheld)
+        phase_2 = None
+        if protocol.two_phase:
 
-                rounds, prefiller = (compiled.rounds, compiled.prefiller) if compiled is not None else (None, None)
-                run = run_prompt(target, drafter, ids, methods, settings, record, announce, rounds, prefiller)
-                divergences = comparison.add(run)
-                if slices is not None and turn == 1:
-                    slices.after(position, ids, log)
-                for scope, profile in profiles.items():
-                    profile.add(run.first(scope).accepted_ranks)
-                for scope, curve in curves.items():
-                    curve.add(run.first(scope).accepted_nodes)
-                row = generation_row(conversation, run, methods, divergences, tokenizer, comparison.exactness)
-                row.update(id=prompt.turn_id(turn), turn=turn, index=record)
-                # ASCII-escaped: a generation holds whatever the prompt and the model wrote (U+2028, NUL, …), and
-                # every reader, `str.splitlines` too, must find one record a line
-                generations.write(json.dumps(row, ensure_ascii=True) + "\n")
-                generations.flush()
-                done_records += 1
-                answer = run.first(methods[-1].scope).tokens
+            def compile_round(method: Method) -> None:
+                if compiled is not None:
+                    _compile_one_more(log, compiled, target, drafter, method, encoded[0], settings)
+
+            def announce_params(method: Method, count: int) -> None:
+                params = _method_params(method, drafter.block_size, settings, count, compiled is not None)
+                log.emit("params", {**context, **params}, scope=method.scope)
+
+            tallies, phase_2 = run_phase_2(
+                log, loop, prompts, encoded, indices, phase_1, tallies, progress, prediction, protocol,
+                compile_round, announce_params,
+            )  # fmt: skip
+            summary = tallies.comparison.metrics()
+            methods = tallies.comparison.methods
     log.progress("decode", total, total, "done")
-    summary = comparison.metrics()
-    costs = slices.costs() if slices is not None else None
     compile_figures = _compile_figures(compiled, summary)
-    withheld = None  # why the rounds cannot tell the budgets apart (only DDTree has budgets to tell)
-    if any(m.name == "ddtree" for m in methods):
-        withheld = curve_withheld(int(spec.decode.get("max_new_tokens", 0)), drafter.block_size)
-    curve = prediction = None
-    if withheld is None:
-        curve = budget_curve_record(methods, curves, summary)
-        prediction = predict_budget(
-            methods, curves, costs, summary, compiled=compiled is not None, target=target, context=longest,
-            free=free, prompts=records,
-        )  # fmt: skip
-    else:
-        LOG.warning("no budget curve and no budget prediction: %s, so no round could hold a whole tree", withheld)
     # A run page lists metrics in the order they were first logged (see HEADLINE_FIRST): the answer first.
     headline, verdict = headline_metrics(summary)
     best = {key: value for key, value in headline.items() if key.startswith("best.")}
     predicted = prediction.metrics() if prediction is not None else {}
+    if phase_2 is not None:
+        predicted.update(phase_2.metrics())
     log.emit("metrics", rounded({**best, **predicted, **headline}), step=0)  # the job's run answers
     if compile_figures:
         log.emit("metrics", rounded(compile_figures), step=0)
     for scope, metrics in summary.items():
         log.emit("metrics", rounded(headline_first(metrics)), scope=scope, step=0)
     emit_budget_curves(log, curve, costs, prediction)
-    for scope, tally in comparison.tallies.items():
+    for scope, tally in tallies.comparison.tallies.items():
         emit_rounds(log, scope, tally.acceptance_lengths)
     if verdict is not None:
         log.emit("tags", best_tags(verdict, methods))
@@ -306,16 +303,19 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
         "curve_withheld": withheld,
         "node_costs": costs.as_record() if costs is not None else None,
         "prediction": prediction.as_record() if prediction is not None else None,
-        "acceptance_profiles": {scope: profile.as_record() for scope, profile in profiles.items()},
+        "acceptance_profiles": {scope: profile.as_record() for scope, profile in tallies.profiles.items()},
         "peak_memory_measures": peak_memory.measures(target.device),
         "host_load": load.summary(since=decode_started).as_record() if load is not None else None,
+        "protocol": phase_2.as_record() if phase_2 is not None else {"kind": "grid"},
     }
-    write_summary(spec, methods, summary, comparison, str(target.device), drafter.block_size, verdict, extras)
+    write_summary(spec, methods, summary, tallies.comparison, str(target.device), drafter.block_size, verdict, extras)
     log.emit("artifact", {"path": SUMMARY_FILE})
     log.emit("artifact", {"path": GENERATIONS_FILE})
     lines = terminal_summary(summary, verdict)
     if prediction is not None:
         lines["budget"] = prediction.line()
+    if phase_2 is not None:
+        lines["protocol"] = phase_2.line()
     elif withheld is not None:
         lines["budget"] = f"not predicted: {withheld}, so no round could hold a whole tree"
     return lines
@@ -399,6 +399,30 @@ def _compiled_rounds(
         len(methods), time.perf_counter() - started, cached,
     )  # fmt: skip
     return outcome
+
+
+def _compile_one_more(
+    log: EventLog,
+    compiled: CompiledRounds,
+    target: TargetModel,
+    drafter: Any,
+    method: Method,
+    prompt: torch.Tensor,
+    settings: Settings,
+) -> None:
+    """Phase 2's round, compiled beside phase 1's (the chosen budget was not known before); if this host's
+    torch cannot, that method decodes with the reference round and the run says why."""
+
+    def progress(done: int, total: int, message: str) -> None:
+        if threading.current_thread() is threading.main_thread():
+            stop_signal.check()
+        log.progress("compile", done, total, message)
+
+    problem = add_round(compiled, target, drafter, method, prompt, settings.max_new_tokens, progress,
+                        settings.temperature)  # fmt: skip
+    if problem is not None:
+        LOG.warning("decode.compile: the %s round could not be compiled, decoding it eagerly (%s)", method.scope,
+                    problem)  # fmt: skip
 
 
 def _job_context(spec: Spec, target: TargetModel, prompts: list[Prompt]) -> dict[str, Any]:

@@ -82,8 +82,10 @@ def generation_row(
     divergences: dict[str, Divergence | None],
     tokenizer: Any,
     exact: bool,
+    reference: str = "ar",
 ) -> dict[str, Any]:
-    """One prompt: its text as the model saw it, and every method's output, speed and agreement with AR."""
+    """One prompt: its text as the model saw it, and every method's output, speed and agreement with the
+    reference method (`matches_ar`; `matches_dflash` where the record was decoded without AR)."""
     outputs = {}
     for method in methods:
         results = run.results[method.scope]
@@ -96,7 +98,7 @@ def generation_row(
             "tau": first.tau,
             "decode_s": statistics.median(r.decode_seconds for r in results),
             "decode_s_repeats": [r.decode_seconds for r in results],
-            "matches_ar": (divergence is None) if exact else None,  # compared at temperature 0 only
+            f"matches_{reference}": (divergence is None) if exact else None,  # compared at temperature 0 only
             "divergence": divergence.as_record() if divergence is not None else None,
         }
     return {

@@ -45,11 +45,13 @@ class MethodRecord:
 class Record:
     id: str
     methods: dict[str, MethodRecord]  # scope -> its decode of this record
+    prompt_tokens: int = 0  # the prompt's length as the model saw it (what AR's predicted cost reads)
 
 
 def read_records(lines: Iterable[str]) -> list[Record]:
-    """The records of a `generations.jsonl`."""
-    records = []
+    """The records of a `generations.jsonl`, in the order of their first rows. A record decoded in two phases
+    (`decode.protocol=two_phase`) has a row each: their methods are merged; a method in both is an error."""
+    records: dict[str, Record] = {}
     for line in lines:
         if not line.strip():
             continue
@@ -60,8 +62,14 @@ def read_records(lines: Iterable[str]) -> list[Record]:
             )
             for scope, out in (row.get("methods") or {}).items()
         }
-        records.append(Record(str(row["id"]), methods))
-    return records
+        key = str(row["id"])
+        seen = records.get(key)
+        if seen is not None:
+            if twice := sorted(set(seen.methods) & set(methods)):
+                raise ValueError(f"record {key!r} has two rows for {', '.join(twice)}")
+            methods = {**seen.methods, **methods}
+        records[key] = Record(key, methods, int(row.get("prompt_tokens") or 0))
+    return list(records.values())
 
 
 def merge(shards: Sequence[Sequence[Record]]) -> list[Record]:
@@ -99,19 +107,25 @@ class Cell:
     budget: int | None = None  # DDTree's budget
 
 
-def cell(records: Sequence[Record], scope: str, budget: int | None = None) -> Cell:
+def cell(records: Sequence[Record], scope: str, budget: int | None = None, ar: Sequence[float] | None = None) -> Cell:
+    """The method's figures over `records`; AR's time per token is each record's own decode, or `ar` (one per
+    record: measured where AR ran, predicted elsewhere, `ar_prediction`)."""
     import torch  # here, not at the top: only the paper's table pays its import, not every sweep's page
 
     from remote_worker.decoding.bootstrap import bootstrap, ratio
 
-    ar = torch.tensor([r.methods["ar"].seconds_per_token for r in records], dtype=torch.float64)
+    if ar is None:
+        ar = [r.methods["ar"].seconds_per_token for r in records]
+    if len(ar) != len(records):
+        raise ValueError(f"{len(ar)} AR times for {len(records)} records")
+    ar_times = torch.tensor(list(ar), dtype=torch.float64)
     mine = torch.tensor([r.methods[scope].seconds_per_token for r in records], dtype=torch.float64)
     taus = torch.tensor([r.methods[scope].tau for r in records], dtype=torch.float64)
-    speedup = float(ratio(ar.sum(), mine.sum()))
+    speedup = float(ratio(ar_times.sum(), mine.sum()))
     tau = statistics.fmean(taus.tolist()) if records else 0.0
     speedup_ci = tau_ci = None
     if len(records) >= MIN_PROMPTS:
-        speedup_ci = bootstrap(torch.stack([ar, mine], dim=1), lambda sums: ratio(sums[:, 0], sums[:, 1]))
+        speedup_ci = bootstrap(torch.stack([ar_times, mine], dim=1), lambda sums: ratio(sums[:, 0], sums[:, 1]))
         ones = torch.ones_like(taus)
         tau_ci = bootstrap(torch.stack([taus, ones], dim=1), lambda sums: ratio(sums[:, 0], sums[:, 1]))
     return Cell(scope, speedup, tau, speedup_ci, tau_ci, len(records), budget)
