@@ -46,19 +46,20 @@ class Choice:
 def choose_budget(prediction: Prediction | None, largest: int) -> Choice:
     """The budget phase 1's prediction names fastest, among those that fit the device. Where one budget cannot
     be told from others (`Prediction.ranged`), the fastest predicted of them still: the cell needs one budget,
-    and the page shows the range beside it. Where the prediction cannot answer, or there is none, the largest
-    budget, which phase 1 decoded: its figures are measured, not predicted."""
+    and the page shows the range beside it; where by its costs no budget beats AR, the fastest predicted still
+    (the costs rank the budgets all the same). Where the prediction contradicts the run (costs of other
+    rounds than the run decoded, or every drafting method measured slower than AR where the costs say
+    faster), or there is none, the largest budget, which phase 1 decoded: its figures are measured."""
     if prediction is None:
-        return Choice(largest, f"no prediction from phase 1: the budget it decoded, {largest}")
+        return Choice(largest, "no prediction from phase 1: the budget it decoded")
+    if prediction.costs_kind != prediction.run_kind or (prediction.cannot_tell and prediction.best_speedup_vs_ar >= 1):
+        return Choice(largest, f"phase 1's prediction cannot answer, {prediction.cannot_tell}: the budget it decoded")
     if prediction.cannot_tell:
-        return Choice(
-            largest,
-            f"phase 1's prediction cannot answer ({prediction.cannot_tell}): the budget it decoded, {largest}",
-        )
+        return Choice(prediction.best_budget, "the fastest predicted by phase 1, though by its costs slower than AR")
     if prediction.ranged:
         return Choice(
             prediction.best_budget,
-            f"budget {prediction.best_budget}, the fastest predicted of {len(prediction.within)} that phase 1 "
-            f"cannot tell apart ({prediction.no_single})",
+            f"the fastest predicted of {len(prediction.within)} budgets phase 1 cannot tell apart: "
+            f"{prediction.no_single}",
         )
-    return Choice(prediction.best_budget, f"budget {prediction.best_budget}, predicted fastest by phase 1")
+    return Choice(prediction.best_budget, "predicted fastest by phase 1")

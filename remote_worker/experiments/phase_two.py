@@ -88,8 +88,8 @@ class PhaseTwo:
     def line(self) -> str:
         text = (
             f"two phases: {counted(self.sample_records, 'record')} of {self.records} sampled (every "
-            f"{self.every}) for AR, DFlash and DDTree {self.largest_budget}; then DFlash and DDTree at "
-            f"{self.why} on every record"
+            f"{self.every}) for AR, DFlash and DDTree {self.largest_budget}; then DFlash and DDTree "
+            f"{self.chosen_budget} on every record ({self.why})"
         )
         if self.compared:
             text += f"; DDTree's tokens equal the exact reference's on {self.matched} of {self.compared}"
@@ -115,7 +115,7 @@ def run_phase_2(
     first = tallies.comparison.methods
     largest = max(m.budget for m in first if m.name == "ddtree")
     choice: Choice = choose_budget(prediction, largest)
-    LOG.info("phase 2: DFlash and DDTree at %s", choice.why)
+    LOG.info("phase 2: DFlash and DDTree %d on every record (%s)", choice.budget, choice.why)
     chosen = Method(f"ddtree_tb{choice.budget}", "ddtree", choice.budget)
     dflash = next(m for m in first if m.name == "dflash")
     sampled = sum(len(turns) for turns in phase_1.values())

@@ -1,0 +1,137 @@
+"""`decode.protocol=two_phase`: phase 1 on a sample (AR, DFlash, DDTree at the largest budget), phase 2 on every
+record (DFlash and DDTree at the budget phase 1 chose), exact at T = 0 against AR on the sample and against
+DFlash elsewhere; the paper's figures merge the phases' rows and predict AR where it did not run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from orchestrator.sweep.paper.ar_prediction import ar_times
+from orchestrator.sweep.paper.figures import cell, read_records
+from remote_worker.decoding.two_phase import MIN_SAMPLE, Choice, choose_budget, sample_positions
+from remote_worker.events import EventLog
+from remote_worker.experiments import phase_two
+from remote_worker.experiments.ddtree_gdn import run_ddtree_gdn
+from remote_worker.experiments.phase_two import protocol_of
+from remote_worker.spec import parse_spec
+from tests.specs import decode_spec
+from tests.test_budget_answer import answer, costs
+
+pytestmark = pytest.mark.worker
+
+PROMPTS = 20  # more than MIN_SAMPLE, so that phase 2 has records of its own
+
+
+def test_the_sample_is_every_kth_record_at_least_sixteen_or_the_whole_set() -> None:
+    assert sample_positions(64, 4) == list(range(0, 64, 4))
+    assert sample_positions(10, 4) == list(range(10))  # smaller than the minimum: the whole set
+    spread = sample_positions(40, 4)  # every 4th would be 10: 16 spread over the set instead
+    assert len(spread) == MIN_SAMPLE and spread[0] == 0 and spread[-1] < 40 and spread == sorted(set(spread))
+    assert sample_positions(0, 4) == []
+    with pytest.raises(ValueError, match="every=0"):
+        sample_positions(10, 0)
+
+
+@pytest.mark.parametrize(
+    ("decode", "message"),
+    [
+        ({"protocol": "fast"}, "decode.protocol='fast' must be one of grid, two_phase"),
+        ({"protocol": "two_phase", "sample_every": 0}, "decode.sample_every=0 must be a positive integer"),
+        ({"protocol": "two_phase", "sample_every": True}, "decode.sample_every=True must be a positive integer"),
+    ],
+)
+def test_a_bad_protocol_setting_is_one_line(decode: dict, message: str) -> None:
+    with pytest.raises(ValueError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
+        protocol_of(decode)
+
+
+def test_the_budget_chosen_is_the_predictions_fastest_or_the_decoded_one_where_it_cannot_answer() -> None:
+    told, ranged = answer(), answer(measured_2=600.0)
+    assert choose_budget(told, 4) == Choice(3, "predicted fastest by phase 1")
+    assert choose_budget(ranged, 4).budget == 3 and choose_budget(ranged, 4).why.startswith(
+        "the fastest predicted of 3 budgets phase 1 cannot tell apart: 3 leads 2 by 5.0 %"
+    )
+    slower = answer(costs=costs([0.2, 4.0], [1, 5]), ar=1400.0)  # every budget slower than AR by the costs
+    assert choose_budget(slower, 4).budget == slower.best_budget
+    assert choose_budget(answer(run_kind="compiled"), 4) == Choice(
+        4,
+        "phase 1's prediction cannot answer, its costs are of eager rounds, and this run decoded compiled ones: "
+        "the budget it decoded",
+    )
+    assert choose_budget(None, 4) == Choice(4, "no prediction from phase 1: the budget it decoded")
+
+
+def decode_two_phases(tmp_path: Path, temperature: float, new: int = 6, **decode: object) -> tuple[list[dict], dict]:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    prompts = [{"id": f"p{i}", "messages": [{"role": "user", "content": f"def f{i}(x): return x *"}]}
+               for i in range(PROMPTS)]  # fmt: skip
+    (run_dir / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    raw = decode_spec(
+        run_dir, num_prompts=None, max_new_tokens=new, tree_budgets=[8], temperature=temperature, compile=False,
+        protocol="two_phase", sample_every=4, **decode,
+    )  # fmt: skip
+    raw["experiment"]["prompts_file"] = "prompts.jsonl"
+    lines = run_ddtree_gdn(parse_spec(raw, run_dir), EventLog(run_dir))
+    rows = [json.loads(line) for line in (run_dir / "generations.jsonl").read_text().splitlines()]
+    summary = json.loads((run_dir / "decode_summary.json").read_text())
+    return rows, {**summary, "lines": lines}
+
+
+def test_two_phases_decode_what_the_table_needs_and_every_ddtree_output_is_exact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The budget phase 1 chooses, set by the test (a hook, not the tiny model's costs): one it did not decode
+    monkeypatch.setattr(phase_two, "choose_budget", lambda prediction, largest: Choice(3, "the test's"))
+    rows, summary = decode_two_phases(tmp_path, 0.0, node_costs=False)
+    sample = {f"p{i}" for i in sample_positions(PROMPTS, 4)}
+    assert len(sample) == MIN_SAMPLE
+    first = [r for r in rows if r["phase"] == 1]
+    second = [r for r in rows if r["phase"] == 2]
+    assert {r["id"] for r in first} == sample
+    assert all(set(r["methods"]) == {"ar", "dflash", "ddtree_tb8"} for r in first)
+    assert [r["id"] for r in second] == [f"p{i}" for i in range(PROMPTS)]  # every record, in order
+    for row in second:
+        expected = {"ddtree_tb3"} if row["id"] in sample else {"dflash", "ddtree_tb3"}
+        assert set(row["methods"]) == expected, row["id"]
+    # Exact at T = 0: on the sample every method equals AR; elsewhere DDTree equals DFlash, and says so
+    by_id = {r["id"]: r for r in first}
+    for row in second:
+        ddtree = row["methods"]["ddtree_tb3"]["tokens"]
+        if row["id"] in sample:
+            assert ddtree == by_id[row["id"]]["methods"]["ar"]["tokens"]
+            assert row["methods"]["ddtree_tb3"]["matches_ar"] is True
+        else:
+            assert ddtree == row["methods"]["dflash"]["tokens"] and row["methods"]["ddtree_tb3"]["matches_dflash"]
+            assert "matches_ar" not in row["methods"]["ddtree_tb3"]
+    protocol = summary["protocol"]
+    assert (protocol["chosen_budget"], protocol["sample_records"], protocol["records"]) == (3, MIN_SAMPLE, PROMPTS)
+    assert protocol["compared"] == PROMPTS and protocol["matched"] == PROMPTS
+    assert summary["lines"]["protocol"] == protocol["line"]
+    assert "DDTree's tokens equal the exact reference's on 20 of 20" in protocol["line"]
+    # The run's own figures are the sample's, each method paired with AR on the same records
+    scopes = {m["scope"]: m for m in summary["methods"]}
+    assert set(scopes) == {"ar", "dflash", "ddtree_tb8", "ddtree_tb3"}
+    assert all(m["prompts"] == MIN_SAMPLE for m in scopes.values())
+    assert scopes["ddtree_tb3"]["lossless"] == 1.0
+    # The paper's figures: the phases' rows merged, AR predicted on the records it did not decode
+    records = read_records((tmp_path / "run" / "generations.jsonl").read_text().splitlines())
+    assert len(records) == PROMPTS
+    ar = ar_times(records)
+    assert ar.predicted == PROMPTS - MIN_SAMPLE and ar.cost is not None and ar.check is not None
+    figures = cell(records, "ddtree_tb3", 3, ar=ar.seconds_per_token)
+    assert figures.records == PROMPTS and figures.speedup > 0
+
+
+def test_two_phases_at_temperature_one_choose_from_the_prediction(tmp_path: Path) -> None:
+    rows, summary = decode_two_phases(tmp_path, 1.0, new=16, node_cost_repeats=1)  # a round can hold a whole tree
+    protocol = summary["protocol"]
+    assert 1 <= protocol["chosen_budget"] <= 8 and protocol["compared"] == 0
+    chosen = f"ddtree_tb{protocol['chosen_budget']}"
+    phase_2 = [r for r in rows if r["phase"] == 2]
+    assert all(chosen in r["methods"] for r in phase_2)
+    # The sample's records decode the chosen budget again only where phase 1 did not decode it
+    assert len(phase_2) == (PROMPTS - MIN_SAMPLE if chosen == "ddtree_tb8" else PROMPTS)
