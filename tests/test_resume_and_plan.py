@@ -12,7 +12,7 @@ from mlflow.entities import Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from orchestrator.sweep.membership import Sweep
-from orchestrator.sweep.plan import gpu_time, make_plan, progress_line
+from orchestrator.sweep.plan import gpu_time, job_decodes, make_plan, progress_line
 from orchestrator.sweep.resume import find_finished, reused_jobs, reused_tag, why_not
 from orchestrator.tracking import tags
 from orchestrator.tracking.settings_digest import PROMPTS_DIGEST, config_hash, settings_params
@@ -136,8 +136,13 @@ def test_the_plan_counts_each_jobs_records_from_its_prompt_set(tmp_path: Path) -
         {"experiment.prompts": "nope"},
     ]
     plan = make_plan(base, jobs[:3])
-    assert plan.records == [2, 4, 2] and plan.methods == [4, 4, 5]
+    assert plan.records == [2, 4, 2] and plan.job_decodes == [8, 16, 10]
     assert plan.line() == "plan: 3 jobs · 8 records · 34 decodes (a method over a record)"
+    # Two phases: every 4th record (at least 16, all of a smaller set) by AR, DFlash and the largest budget, then
+    # DFlash and the chosen budget on every record
+    assert job_decodes([1] * 64, {"protocol": "two_phase", "sample_every": 4}) == 2 * 64 + 2 * 16
+    assert job_decodes([1] * 10, {"protocol": "two_phase", "sample_every": 4, "repeats": 2}) == (20 + 20) * 2
+    assert job_decodes([2, 1, 1], {"tree_budgets": [64, 1024]}) == 4 * 4
     unknown = make_plan(base, jobs)
     assert unknown.records[3] is None and unknown.decodes is None and "not known here" in unknown.line()
 

@@ -135,3 +135,22 @@ def test_two_phases_at_temperature_one_choose_from_the_prediction(tmp_path: Path
     assert all(chosen in r["methods"] for r in phase_2)
     # The sample's records decode the chosen budget again only where phase 1 did not decode it
     assert len(phase_2) == (PROMPTS - MIN_SAMPLE if chosen == "ddtree_tb8" else PROMPTS)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["decode.protocol=fast"], "decode.protocol='fast' must be one of grid, two_phase"),
+        (["decode.protocol='two\x1b[2Jphase'"], "decode.protocol='two\\x1b[2Jphase' must be one of grid, two_phase"),
+        (["decode.sample_every=0"], "decode.sample_every=0 must be an integer >= 1"),
+        (["decode.sample_every=2.5"], "decode.sample_every=2.5 must be an integer >= 1"),
+    ],
+)
+def test_the_orchestrator_refuses_a_bad_protocol_in_one_line(overrides: list[str], message: str) -> None:
+    from orchestrator.config.validation import ConfigError
+    from tests.test_node_cost import composed
+
+    assert composed(["decode.protocol=two_phase"])["decode"]["protocol"] == "two_phase"
+    with pytest.raises(ConfigError) as err:
+        composed(overrides)
+    assert str(err.value) == message

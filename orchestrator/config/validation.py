@@ -21,6 +21,7 @@ from orchestrator.config.prompts import resolve_prompts
 from orchestrator.config.settings import SYNC_METHODS, JobConfig
 from orchestrator.config.text import printable, shown
 from remote_worker.decoding.tree_limits import beyond_draft
+from remote_worker.decoding.two_phase import PROTOCOLS
 from remote_worker.prompt_set import PromptSetError, round_trip
 from remote_worker.spec import DEVICES, DTYPES, EXPERIMENT_NAMES, MODEL_SOURCES
 from remote_worker.wording import counted
@@ -378,6 +379,10 @@ def resolve_config(cfg: DictConfig) -> dict[str, Any]:
     group = _get(container, "decode.compile_cache_group")
     if group is not None and not (isinstance(group, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}", group)):
         raise ConfigError(f"decode.compile_cache_group={group!r} must be null (a private cache) or a group's name")
+    protocol = _get(container, "decode.protocol")
+    if protocol not in PROTOCOLS:
+        raise ConfigError(f"decode.protocol={shown(protocol)} must be one of {', '.join(PROTOCOLS)}")
+    _number(container, "decode.sample_every", minimum=1, integer=True)
     if not isinstance(_get(container, "decode.node_costs"), bool):
         raise ConfigError(f"decode.node_costs={_get(container, 'decode.node_costs')!r} must be true or false")
     if _number(container, "decode.node_cost_repeats", minimum=1, integer=True) > 1000:

@@ -23,6 +23,7 @@ from orchestrator.config.prompts import resolve_prompts
 from orchestrator.config.validation import ConfigError
 from orchestrator.sweep.resume import reused_jobs
 from orchestrator.tracking.tags import SWEEP_JOB
+from remote_worker.decoding.two_phase import sample_positions
 from remote_worker.prompt_set import PromptSetError
 from remote_worker.wording import counted
 
@@ -30,14 +31,13 @@ from remote_worker.wording import counted
 @dataclass(frozen=True)
 class Plan:
     records: list[int | None]  # per job, in job order; None where its prompt set cannot be read here
-    methods: list[int]  # per job: AR, DFlash and one DDTree per budget
-    repeats: list[int]
+    job_decodes: list[int | None]  # per job: its decodes (a method over a record, each pass), None where unknown
 
     @property
     def decodes(self) -> int | None:
-        if any(r is None for r in self.records):
+        if any(d is None for d in self.job_decodes):
             return None
-        return sum(r * m * p for r, m, p in zip(self.records, self.methods, self.repeats, strict=True))  # type: ignore[operator]
+        return sum(d or 0 for d in self.job_decodes)
 
     def line(self) -> str:
         jobs = counted(len(self.records), "job")
@@ -49,27 +49,43 @@ class Plan:
         )
 
 
-def _records(experiment: Mapping[str, Any]) -> int | None:
-    """A job's records: the prompts it decodes (after num_prompts and its shard), each prompt's turns."""
+def _turns(experiment: Mapping[str, Any]) -> list[int] | None:
+    """A job's prompts (after num_prompts and its shard), each as its turns (a record each); None where its
+    prompt set cannot be read here."""
     try:
         prompts = resolve_prompts(experiment.get("prompts"), experiment.get("datasets_dir"))
     except (PromptSetError, ConfigError, OSError):
         return None
     if prompts is None:
-        return None  # the worker chooses (the checkpoint's own prompts)
+        return None
     limit = experiment.get("num_prompts")
     prompts = prompts[: int(limit)] if limit else prompts
     shard = experiment.get("shard")
     if shard is not None:
         part, _, count = str(shard).partition("/")
         prompts = prompts[int(part) :: int(count)]
-    return sum(p.turns for p in prompts)
+    return [p.turns for p in prompts]
+
+
+def job_decodes(turns: list[int], decode: Mapping[str, Any]) -> int:
+    """A job's decodes. The grid protocol: every record by AR, DFlash and each budget. Two phases
+    (`decoding.two_phase`): the sample's records by AR, DFlash and the largest budget, then every record by
+    DFlash and the chosen budget, which the sample's records decode alone (at most: none where the chosen budget
+    is the largest)."""
+    records, repeats = sum(turns), int(decode.get("repeats") or 1)
+    if str(decode.get("protocol") or "grid") == "two_phase":
+        sample = sum(turns[p] for p in sample_positions(len(turns), int(decode.get("sample_every") or 4)))
+        return (2 * records + 2 * sample) * repeats
+    budgets = decode.get("tree_budgets") or []
+    count = len(budgets) if isinstance(budgets, list | tuple) else len(str(budgets).strip("[]").split(","))
+    return records * (2 + count) * repeats
 
 
 def make_plan(base: Mapping[str, Any], jobs: Sequence[Mapping[str, str]]) -> Plan:
     """The plan of `jobs` (each the overrides that make it, key → value) over the `base` config."""
-    records, methods, repeats = [], [], []
-    cache: dict[tuple, int | None] = {}
+    records: list[int | None] = []
+    decodes: list[int | None] = []
+    cache: dict[tuple, list[int] | None] = {}
     for job in jobs:
         experiment = dict(base.get("experiment") or {})
         decode = dict(base.get("decode") or {})
@@ -81,13 +97,11 @@ def make_plan(base: Mapping[str, Any], jobs: Sequence[Mapping[str, str]]) -> Pla
                 decode[name] = value
         key = tuple(str(experiment.get(k)) for k in ("prompts", "datasets_dir", "num_prompts", "shard"))
         if key not in cache:
-            cache[key] = _records(experiment)
-        records.append(cache[key])
-        budgets = decode.get("tree_budgets") or []
-        count = len(budgets) if isinstance(budgets, list | tuple) else len(str(budgets).strip("[]").split(","))
-        methods.append(2 + count)
-        repeats.append(int(decode.get("repeats") or 1))
-    return Plan(records, methods, repeats)
+            cache[key] = _turns(experiment)
+        turns = cache[key]
+        records.append(sum(turns) if turns is not None else None)
+        decodes.append(job_decodes(turns, decode) if turns is not None else None)
+    return Plan(records, decodes)
 
 
 def progress_line(

@@ -14,8 +14,13 @@ decodes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from remote_worker.decoding.budget_choice import Prediction
+if TYPE_CHECKING:  # torch-free at run time: the orchestrator's plan reads `sample_positions`
+    from remote_worker.decoding.budget_choice import Prediction
+
+# `decode.protocol`: every method on every record (the paper's grid), or the two phases of this module.
+PROTOCOLS = ("grid", "two_phase")
 
 # The fewest records phase 1 decodes (the whole set when smaller): enough for the bootstrap's intervals and
 # for a fit of AR's two-parameter step cost to be checked by leaving records out.

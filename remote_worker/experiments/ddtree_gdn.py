@@ -178,6 +178,7 @@ def load_pair(spec: Spec, log: EventLog) -> tuple[Any, TargetModel, Any]:
 
 
 def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
+    protocol = protocol_of(spec.decode)  # a bad setting is one line before the model loads
     model, target, drafter = load_pair(spec, log)
     tokenizer = load_tokenizer(spec.model)
     settings = Settings(
@@ -205,7 +206,6 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     longest = longest_ids + settings.max_new_tokens
     free = free_bytes(target.device)
     check_budgets(target, drafter.block_size, budgets, longest, free)
-    protocol = protocol_of(spec.decode)
     largest = max(budgets)
     # Two-phase: phase 1's methods on the sample; grid: every method on every record
     methods = methods_for([largest] if protocol.two_phase else budgets)

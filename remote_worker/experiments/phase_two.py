@@ -23,16 +23,13 @@ from typing import Any
 
 from remote_worker.decoding.budget_choice import Prediction
 from remote_worker.decoding.comparison import Method, PromptRun
-from remote_worker.decoding.two_phase import Choice, choose_budget
+from remote_worker.decoding.two_phase import PROTOCOLS, Choice, choose_budget
 from remote_worker.events import EventLog
 from remote_worker.experiments.record_loop import Progress, RecordLoop, Tallies, Turn
 from remote_worker.prompt_set import Prompt
 from remote_worker.wording import counted
 
 LOG = logging.getLogger(__name__)
-
-PROTOCOLS = ("grid", "two_phase")
-
 
 @dataclass(frozen=True)
 class Protocol:
