@@ -31,6 +31,7 @@ from remote_worker.wording import counted
 
 LOG = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class Protocol:
     """`decode.protocol` and `decode.sample_every`."""
