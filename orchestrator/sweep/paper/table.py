@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from orchestrator.sweep.paper.ar_prediction import ArCheck, ar_times
 from orchestrator.sweep.paper.figures import Cell, Record, best_ddtree, cell, ddtree_scopes, merge, read_records
 from orchestrator.tracking.markdown_table import NBSP, markdown_table, unbreakable
 from remote_worker.decoding.figure_rules import Interval
@@ -86,6 +87,20 @@ class Entry:
     jobs: int = 1
     measured: dict[int, Cell] = field(default_factory=dict)  # each decoded budget's own cell, beside the curve's
     curve_withheld: tuple[str, ...] = ()  # why a job's curve was left out (a decode shorter than a draft block)
+    two_phase: TwoPhase | None = None  # how the two-phase protocol made the cells (None: every record decoded all)
+
+
+@dataclass(frozen=True)
+class TwoPhase:
+    """A (dataset, temperature) decoded in two phases (`decoding.two_phase`): the budget(s) its jobs chose,
+    where AR was predicted and how well the prediction did on the records AR decoded."""
+
+    chosen: tuple[int, ...]  # the budget each job chose (one per shard), distinct, increasing
+    sample_records: int  # records AR decoded (phase 1)
+    predicted: int  # records whose AR time is predicted
+    check: ArCheck | None  # the AR fit's leave-one-out error on the sample
+    prediction_error: float | None  # the budget prediction's worst error at the decoded budgets (phase 1's)
+    faster: tuple[tuple[int, float], ...] = ()  # budgets the curve predicts faster than the chosen one measured
 
 
 def curve_of(summaries: Sequence[Mapping | None]) -> dict[int, tuple[float, float | None]]:
@@ -120,16 +135,68 @@ def entries(jobs: Sequence[JobRecords]) -> list[Entry]:
         groups.setdefault((job.dataset, job.temperature), []).append(job)
     found = []
     for (dataset, temperature), group in sorted(groups.items(), key=lambda g: (_order(g[0][0]), g[0][1])):
+        withheld = tuple(str(j.summary["curve_withheld"]) for j in group if (j.summary or {}).get("curve_withheld"))
+        curve = curve_of([job.summary for job in group])
+        if any(_chosen(job) is not None for job in group):
+            found.append(_two_phase_entry(dataset, temperature, group, curve, withheld))
+            continue
         records = merge([job.records for job in group])
         complete = [r for r in records if "ar" in r.methods]
         dflash = cell(complete, "dflash") if complete and all("dflash" in r.methods for r in complete) else None
         measured = {b: cell(complete, scope, b) for scope, b in ddtree_scopes(complete).items()} if complete else {}
-        withheld = tuple(str(j.summary["curve_withheld"]) for j in group if (j.summary or {}).get("curve_withheld"))
         found.append(
-            Entry(dataset, temperature, len(complete), dflash, best_ddtree(complete),
-                  curve_of([job.summary for job in group]), len(group), measured, withheld)
+            Entry(dataset, temperature, len(complete), dflash, best_ddtree(complete), curve, len(group), measured,
+                  withheld)
         )  # fmt: skip
     return found
+
+
+CHOSEN = "ddtree_chosen"  # a two-phase record's decode at the budget its job chose, whichever that was
+
+
+def _chosen(job: JobRecords) -> int | None:
+    """The budget a two-phase job chose (its summary's `protocol`); None for a job of the grid protocol."""
+    protocol = (job.summary or {}).get("protocol") or {}
+    if protocol.get("kind") != "two_phase":
+        return None
+    return int(protocol["chosen_budget"])
+
+
+def _two_phase_entry(
+    dataset: str, temperature: float, group: Sequence[JobRecords], curve: dict, withheld: tuple[str, ...]
+) -> Entry:
+    """The cells of a dataset decoded in two phases: DFlash and DDTree at the chosen budget over every record, AR
+    measured on the sample and predicted elsewhere (`ar_prediction`); the largest budget's cell over the
+    sample beside the curve."""
+    budgets = sorted({b for job in group if (b := _chosen(job)) is not None})
+    shards = []
+    for job in group:
+        chosen = _chosen(job)
+        scope = f"ddtree_tb{chosen}"
+        shards.append([Record(r.id, {**r.methods, CHOSEN: r.methods[scope]}, r.prompt_tokens)
+                       if scope in r.methods else r for r in job.records])  # fmt: skip
+    records = [r for r in merge(shards) if CHOSEN in r.methods and "dflash" in r.methods]
+    try:
+        ar = ar_times(records)
+    except ValueError:  # too few records AR decoded to fit its cost: no speedup can be told
+        return Entry(dataset, temperature, len(records), None, None, curve, len(group), {}, withheld,
+                     TwoPhase(tuple(budgets), sum("ar" in r.methods for r in records), 0, None, None))  # fmt: skip
+    budget = max(budgets, key=lambda b: sum(_chosen(j) == b for j in group))  # the shards' most chosen
+    dflash = cell(records, "dflash", ar=ar.seconds_per_token)
+    ddtree = cell(records, CHOSEN, budget, ar=ar.seconds_per_token)
+    measured = {budget: ddtree} if len(budgets) == 1 else {}
+    sample = [r for r in records if "ar" in r.methods]
+    largest = max((b for r in sample for b in [*ddtree_scopes([r]).values()]), default=None)
+    if largest is not None and largest not in measured and all(f"ddtree_tb{largest}" in r.methods for r in sample):
+        measured[largest] = cell(sample, f"ddtree_tb{largest}", largest)
+    errors = [((j.summary or {}).get("prediction") or {}).get("error_worst") for j in group]
+    error = max((float(e) for e in errors if e is not None), default=None)
+    faster = ()
+    if error is not None:
+        bound = ddtree.speedup * (1 + error)
+        faster = tuple((b, speed) for b, (_tau, speed) in sorted(curve.items()) if speed is not None and speed > bound)
+    two_phase = TwoPhase(tuple(budgets), ar.measured.count(True), ar.predicted, ar.check, error, faster)
+    return Entry(dataset, temperature, len(records), dflash, ddtree, curve, len(group), measured, withheld, two_phase)
 
 
 def _order(dataset: str) -> int:
@@ -213,8 +280,44 @@ def markdown(found: Sequence[Entry], model: str, missing: Sequence[Missing] = ()
         ]
     )
     lines = [f"### The paper's table: {model}", "", *markdown_table(head, rows)]
+    if two_phase := _two_phase_lines(found):
+        lines += ["", *two_phase]
     lines += ["", *_curve_lines(found), "", *_reading(found, paper_model)]
     return "\n".join(lines) + "\n"
+
+
+def _two_phase_lines(found: Sequence[Entry]) -> list[str]:
+    """For the entries decoded in two phases: the budget chosen, where AR was measured and predicted and the
+    prediction's error on the sample; a budget the curve predicts faster than the chosen one measured, by more
+    than the prediction's error, is flagged."""
+    two = [e for e in found if e.two_phase is not None]
+    if not two:
+        return []
+    rows, flags = [], []
+    for e in two:
+        t = e.two_phase
+        assert t is not None
+        error = "–" if t.check is None else f"{100 * t.check.median:.1f} % · {100 * t.check.total:+.1f} %"
+        rows.append([e.dataset, f"{e.temperature:g}", "/".join(map(str, t.chosen)), str(t.sample_records),
+                     str(t.predicted), error])  # fmt: skip
+        if e.ddtree is not None and t.prediction_error is not None:
+            for budget, speed in t.faster:
+                flags.append(
+                    f"⚠ {e.dataset} T={e.temperature:g}: the curve predicts budget {budget} at ×{speed:.2f}, faster "
+                    f"than the chosen {e.ddtree.budget}'s measured ×{e.ddtree.speedup:.2f} by more than the "
+                    f"prediction's error (±{100 * t.prediction_error:.0f} %)"
+                )
+    head = ["dataset", "T", "budget chosen", "AR decoded", "AR predicted", "AR's error (median · total)"]
+    lines = [
+        "**Two phases** (docs/paper.md): DDTree's cell is the budget each job's sample predicted fastest, chosen "
+        "before it was measured, decoded on every record; AR was decoded on the sample and its time per token "
+        "predicted on the other records from its step cost against context length. Its error is measured on the "
+        "sample, each record predicted by the fit of the others: the median per record, and on the sample's total "
+        "time (what a speedup divides by).",
+        "",
+        *markdown_table(head, rows),
+    ]
+    return lines + (["", *flags] if flags else [])
 
 
 def terminal_lines(found: Sequence[Entry], model: str, missing: Sequence[Missing] = ()) -> list[str]:
@@ -257,7 +360,8 @@ def terminal_lines(found: Sequence[Entry], model: str, missing: Sequence[Missing
 
     pair = [widths[1 + 2 * i] + 1 + widths[2 + 2 * i] for i in range(len(temperatures))]
     over = " " * (widths[0] + 1) + "  ".join(f"T={t:g}".center(w) for t, w in zip(temperatures, pair, strict=True))
-    text = [f"The paper's table: {model} (speedup vs AR, τ; DDTree at its best budget)", over.rstrip()]
+    which = "its best budget" if all(e.two_phase is None for e in found) else "the budget chosen before measuring"
+    text = [f"The paper's table: {model} (speedup vs AR, τ; DDTree at {which})", over.rstrip()]
     text += [line(row) for row in [head, *rows]]
     return text
 
@@ -304,11 +408,17 @@ def _curve_lines(found: Sequence[Entry]) -> list[str]:
 
 def _reading(found: Sequence[Entry], paper_model: str | None) -> list[str]:
     records = sum(e.records for e in found)
+    grid = any(e.two_phase is None for e in found)
+    budget = (
+        "DDTree at its fastest decoded budget" if grid and len(found) and all(e.two_phase is None for e in found)
+        else "DDTree at the budget chosen before it was measured (two phases) or at its fastest decoded budget"
+        if grid else "DDTree at the budget chosen before it was measured (two phases)"
+    )  # fmt: skip
     lines = [
         f"Figures the paper's way over {records} records: speedup = mean of AR's time per output token ÷ mean of the "
-        "method's (decode time, prefill excluded); τ = mean of each record's tokens per round; DDTree at its "
-        "fastest decoded budget. 95 % intervals over records (none under 5 records). A final round cut by the token "
-        "limit counts the tokens it kept (the paper's counts its whole acceptance)."
+        f"method's (decode time, prefill excluded); τ = mean of each record's tokens per round; {budget}. 95 % "
+        "intervals over records (none under 5 records). A final round cut by the token limit counts the tokens it "
+        "kept (the paper's counts its whole acceptance)."
     ]
     if paper_model:
         lines.append(
