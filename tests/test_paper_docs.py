@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 
 PAPER_DOC = PROJECT_ROOT / "docs" / "paper.md"
 README = PROJECT_ROOT / "README.md"
-PLAN = "plan: 20 jobs · 2,304 records · 9,216 decodes (a method over a record)"  # the docs' plan line
+PLAN = "plan: 20 jobs · 2,304 records · 5,332 decodes (a method over a record)"  # the docs' plan line
 
 
 def shown_commands(text: str) -> list[str]:
@@ -57,7 +57,8 @@ def shown_commands(text: str) -> list[str]:
 
 def inline_overrides(text: str) -> list[str]:
     """The backticked overrides the docs give as variants of the documented command."""
-    wanted = ("sweep.hosts=", "hydra/launcher=submitit_slurm", "experiment.shard=0/4", "decode.tree_budgets=[16")
+    wanted = ("sweep.hosts=", "hydra/launcher=submitit_slurm", "experiment.shard=0/4", "decode.tree_budgets=[16",
+              "decode.protocol=grid")  # fmt: skip
     return sorted({m for m in re.findall(r"`([^`\s]+)`", text) if m.startswith(wanted)})
 
 
@@ -102,17 +103,19 @@ def test_every_documented_paper_command_passes_the_sweeps_checks_and_plans_what_
     assert len(gpu_commands) == 2, documented  # with the joblib launcher, and with the mirror
     plain = next(c for c in gpu_commands if "hydra/launcher" not in c)  # the variants' launchers replace joblib
     variants = inline_overrides(doc)
-    assert len(variants) == 4, variants
+    assert len(variants) == 5, variants
+    grid = [v for v in variants if v.startswith(("decode.protocol=", "decode.tree_budgets="))]  # given together
+    alone = [f"{plain} {shlex.quote(v)}" for v in variants if v not in grid]
     assert PLAN in doc and PLAN in readme
-    for command in [*gpu_commands, *(f"{plain} {shlex.quote(v)}" for v in variants)]:
+    for command in [*gpu_commands, *alone, f"{plain} {' '.join(map(shlex.quote, grid))}"]:
         done = dry_run(home, command)
         out = done.stdout
         assert done.returncode == 0, f"{command}: exit {done.returncode}\n{out[-2000:]}\n{done.stderr[-2000:]}"
         assert "dry run:" in out and "nothing started" in out, out
         plan = next(line for line in out.splitlines() if line.startswith("plan: "))
-        if "experiment.shard=" in command:
-            assert plan.startswith("plan: 80 jobs · 2,304 records · 9,216 decodes"), (command, plan)
-        elif "decode.tree_budgets=" in command:
+        if "experiment.shard=" in command:  # each shard samples its own records, at least 16
+            assert plan.startswith("plan: 80 jobs · 2,304 records · 7,152 decodes"), (command, plan)
+        elif "decode.protocol=grid" in command:
             assert plan.startswith("plan: 20 jobs · 2,304 records · 20,736 decodes"), (command, plan)  # 9 methods
         else:
             assert plan == PLAN, (command, plan)

@@ -74,7 +74,7 @@ def job_decodes(turns: list[int], decode: Mapping[str, Any]) -> int:
     is the largest)."""
     records, repeats = sum(turns), int(decode.get("repeats") or 1)
     if str(decode.get("protocol") or "grid") == "two_phase":
-        sample = sum(turns[p] for p in sample_positions(len(turns), int(decode.get("sample_every") or 4)))
+        sample = sum(turns[p] for p in sample_positions(len(turns), int(decode.get("sample_every") or 8)))
         return (2 * records + 2 * sample) * repeats
     budgets = decode.get("tree_budgets") or []
     count = len(budgets) if isinstance(budgets, list | tuple) else len(str(budgets).strip("[]").split(","))

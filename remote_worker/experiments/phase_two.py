@@ -48,7 +48,7 @@ def protocol_of(decode: dict[str, Any]) -> Protocol:
     kind = str(decode.get("protocol") or "grid")
     if kind not in PROTOCOLS:
         raise ValueError(f"decode.protocol={kind!r} must be one of {', '.join(PROTOCOLS)}")
-    every = decode.get("sample_every", 4)
+    every = decode.get("sample_every", 8)
     if isinstance(every, bool) or not isinstance(every, int) or every < 1:
         raise ValueError(
             f"decode.sample_every={every!r} must be a positive integer (phase 1 decodes every k-th record)"

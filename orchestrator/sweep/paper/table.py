@@ -360,7 +360,7 @@ def terminal_lines(found: Sequence[Entry], model: str, missing: Sequence[Missing
 
     pair = [widths[1 + 2 * i] + 1 + widths[2 + 2 * i] for i in range(len(temperatures))]
     over = " " * (widths[0] + 1) + "  ".join(f"T={t:g}".center(w) for t, w in zip(temperatures, pair, strict=True))
-    which = "its best budget" if all(e.two_phase is None for e in found) else "the budget chosen before measuring"
+    which = "its best budget" if all(e.two_phase is None for e in found) else "its chosen budget"
     text = [f"The paper's table: {model} (speedup vs AR, τ; DDTree at {which})", over.rstrip()]
     text += [line(row) for row in [head, *rows]]
     return text
