@@ -192,3 +192,44 @@ def test_a_decode_shorter_than_a_draft_block_reports_no_curve_and_says_why(tmp_p
     assert "| gsm8k | 0 |" not in page
     long = load_job(tmp_path / "g.jsonl", tmp_path / "s.json", "gsm8k", 0.0, "m", max_new_tokens=32)
     assert "| gsm8k | 0 |" in plain_markdown(markdown(entries([long]), "m"))
+
+
+def two_phase_record(i: int, sampled: bool) -> Record:
+    """Record `i` of a two-phase job: a prompt of 100 + 10·i tokens, 8 output tokens; AR (10 ms a step +
+    10 µs a context token) and DDTree at 1024 on the sample, DFlash and DDTree at 32 on every record."""
+    prompt = 100 + 10 * i
+    methods = {
+        "dflash": MethodRecord(tuple(range(8)), 0.04, 3.0),
+        "ddtree_tb32": MethodRecord(tuple(range(8)), 0.02, 5.0),
+    }
+    if sampled:
+        ar_s = 8 * 0.01 + 1e-5 * (8 * prompt + 28)
+        methods |= {
+            "ar": MethodRecord(tuple(range(8)), ar_s, 1.0),
+            "ddtree_tb1024": MethodRecord(tuple(range(8)), 0.05, 6.0),
+        }
+    return Record(f"gsm8k-{i}", methods, prompt)
+
+
+def test_a_two_phase_dataset_shows_the_chosen_budget_ar_predicted_and_a_faster_predicted_budget_flagged() -> None:
+    records = [two_phase_record(i, i % 4 == 0) for i in range(20)]
+    taus = [4.0] * 1024
+    speeds = [100.0] * 1024
+    speeds[63] = 300.0  # budget 64 predicted ×6.00 (AR predicted at 50 tokens/s), the chosen 32 measured ×~4.4
+    summary = {"protocol": {"kind": "two_phase", "chosen_budget": 32}, "budget_curve": {"tau": taus},
+               "prediction": {"tokens_per_s": speeds, "ar_predicted_tokens_per_s": 50.0, "error_worst": 0.1},
+               "methods": [{"prompts": 5}]}  # fmt: skip
+    (entry,) = entries([JobRecords("gsm8k", 0.0, "m", records, summary)])
+    assert entry.records == 20 and entry.two_phase is not None
+    assert entry.two_phase.chosen == (32,) and (entry.two_phase.sample_records, entry.two_phase.predicted) == (5, 15)
+    assert entry.two_phase.check is not None and entry.two_phase.check.worst < 1e-6  # the exact cost model
+    assert entry.ddtree is not None and entry.ddtree.budget == 32 and entry.ddtree.records == 20
+    # AR predicted on the 15 other records exactly: the speedup is the ratio of the whole set's sums
+    ar_per_token = [(8 * 0.01 + 1e-5 * (8 * (100 + 10 * i) + 28)) / 8 for i in range(20)]
+    assert entry.ddtree.speedup == pytest.approx(statistics.fmean(ar_per_token) / (0.02 / 8), rel=1e-6)
+    assert entry.measured[1024].records == 5  # the largest budget, on the sample
+    page = plain_markdown(markdown([entry], "m"))
+    assert "| gsm8k | 0 | 32 | 5 | 15 | 0.0 % · +0.0 % |" in page
+    assert f"budget 64 at ×6.00, faster than the chosen 32's measured ×{entry.ddtree.speedup:.2f}" in page
+    assert "DDTree at the budget chosen before it was measured (two phases)" in page
+    assert "DDTree at its chosen budget" in terminal_lines([entry], "m")[0]

@@ -1,4 +1,6 @@
-"""`experiment=ddtree_gdn`: AR, DFlash and DDTree at every tree budget over a prompt set, one child run each.
+"""`experiment=ddtree_gdn`: AR, DFlash and DDTree at every tree budget over a prompt set, one child run each;
+or, with `decode.protocol=two_phase`, AR, DFlash and the largest budget over a sample of it, then DFlash and
+the budget the sample predicts fastest over all of it (`decoding.two_phase`, `experiments.phase_two`).
 
 Target and draft are loaded once and every prompt is encoded (and checked against the model's context)
 before anything is decoded. Each prompt is then prefilled once and decoded by every method from that
@@ -223,7 +225,7 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     slices = NodeCostSlices.of(spec, target, drafter, len(sample), settings, budgets, compiled)
     context = _job_context(spec, target, prompts)
     for method in methods:
-        params = {**context, **_method_params(method, drafter.block_size, settings, sampled, compiled is not None)}
+        params = {**context, **_method_params(method, drafter.block_size, settings, len(sample), compiled is not None)}
         log.emit("params", params, scope=method.scope)
     tallies = Tallies.of(methods, settings, target.dtype)
     # Phase 2 (two-phase only) decodes DFlash on the records outside the sample and the chosen budget on all
@@ -314,10 +316,10 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     lines = terminal_summary(summary, verdict)
     if prediction is not None:
         lines["budget"] = prediction.line()
-    if phase_2 is not None:
-        lines["protocol"] = phase_2.line()
     elif withheld is not None:
         lines["budget"] = f"not predicted: {withheld}, so no round could hold a whole tree"
+    if phase_2 is not None:
+        lines["protocol"] = phase_2.line()
     return lines
 
 

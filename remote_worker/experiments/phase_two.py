@@ -118,7 +118,7 @@ def run_phase_2(
     dflash = next(m for m in first if m.name == "dflash")
     sampled = sum(len(turns) for turns in phase_1.values())
     records = sum(p.turns for p in prompts)
-    announce_params(chosen, records)
+    announce_params(chosen, len(prompts))
     final = tallies
     if chosen.scope not in tallies.comparison.tallies:
         compile_round(chosen)
