@@ -334,6 +334,40 @@ def test_an_unreachable_hub_is_one_line_naming_the_repo_and_the_download(monkeyp
     )
 
 
+def test_the_hubs_retries_are_one_line_of_ours_and_its_own_lines_never_reach_the_terminal(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The hub client logs each failed request (its URL, a name with escape sequences) and each retry on its own
+    stderr handler; while a set is read they are held, the first retry said once in our words, and the
+    client's logging is as it was afterwards."""
+    import logging
+
+    hub = logging.getLogger("huggingface_hub.utils._http")
+    seen: list[str] = []  # what the client's own handler (stderr, as the process started) would have printed
+    recorder = logging.Handler()
+    recorder.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    monkeypatch.setattr(logging.getLogger("huggingface_hub"), "handlers", [recorder])
+    before = logging.getLogger("huggingface_hub").handlers[:]
+
+    def retrying(*args: Any, **kwargs: Any) -> None:
+        for attempt in (1, 2):
+            hub.warning("'boom' thrown while requesting HEAD https://huggingface.co/\x1b[2Jx/README.md")
+            hub.warning(f"Retrying in {attempt}s [Retry {attempt}/5].")
+        raise ConnectionError("Couldn't reach 'openai/gsm8k' on the Hub (ConnectionError)")
+
+    monkeypatch.setattr(datasets, "load_dataset", retrying)
+    with pytest.raises(PromptSetError, match=r"^gsm8k: openai/gsm8k cannot be read from the Hugging Face hub"):
+        load_paper_set("gsm8k", None)
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        "gsm8k: the Hugging Face hub does not answer; retrying for about 30 s (HF_DATASETS_OFFLINE=1 reads the "
+        "cache alone; experiment.datasets_dir=<folder> reads a mirror)"
+    ]
+    assert seen == [] and logging.getLogger("huggingface_hub").handlers == before
+    hub.warning("after the read")  # the client's logging as it was
+    assert seen == ["after the read"]
+
+
 MISSING_FIELDS = [
     (
         "aime24",

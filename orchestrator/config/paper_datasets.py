@@ -26,7 +26,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Callable, Mapping
+import logging
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from string import Formatter
@@ -186,6 +189,39 @@ def mirror_cache(folder: Path, cache_root: Path) -> Path:
     return cache_root / "mirrors" / f"{folder.name}-{digest.hexdigest()[:16]}"
 
 
+class _HubLines(logging.Handler):
+    """The hub client's log lines while a set is read, kept off the terminal: they print URLs, a mirror's file
+    names raw and five lines per retry. Its first retry becomes one line of ours, so that the wait it starts
+    (about 30 s of backoff before the read fails) is not silent, with what avoids it."""
+
+    def __init__(self, set_name: str) -> None:
+        super().__init__(logging.WARNING)
+        self.set_name = set_name
+        self.said = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.said or "Retrying in" not in record.getMessage():
+            return
+        self.said = True
+        print(
+            f"{self.set_name}: the Hugging Face hub does not answer; retrying for about 30 s "
+            "(HF_DATASETS_OFFLINE=1 reads the cache alone; experiment.datasets_dir=<folder> reads a mirror)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+@contextmanager
+def _hub_lines_held(set_name: str) -> Iterator[None]:
+    logger = logging.getLogger("huggingface_hub")
+    saved, propagate = logger.handlers[:], logger.propagate
+    logger.handlers, logger.propagate = [_HubLines(set_name)], False
+    try:
+        yield
+    finally:
+        logger.handlers, logger.propagate = saved, propagate
+
+
 def _rows(paper_set: PaperSet, datasets_dir: Path | None) -> Any:
     """The set's whole split as a `datasets.Dataset`, from the hub or the mirror under `datasets_dir`."""
     import datasets
@@ -213,24 +249,27 @@ def _rows(paper_set: PaperSet, datasets_dir: Path | None) -> Any:
         where = f"from {folder}"
     else:
         where = "from the Hugging Face hub"
-    try:
-        # A mirror's prepared copy is keyed on its files (`mirror_cache`); the hub's on the repository's revision.
-        root = Path(datasets.config.HF_DATASETS_CACHE)
-        cache = None if datasets_dir is None else str(mirror_cache(datasets_dir / repo, root))
-        if not paper_set.files:
-            source = str(datasets_dir / repo) if datasets_dir is not None else repo
-            return datasets.load_dataset(source, paper_set.config, split=paper_set.split, cache_dir=cache)
-        if datasets_dir is not None:
-            files = [str(datasets_dir / repo / file) for file in paper_set.files]
-        else:  # through the hub's cache, so a set read once is there offline too (offline as `datasets` says)
-            offline = datasets.config.HF_HUB_OFFLINE
-            files = [hf_hub_download(repo, f, repo_type="dataset", local_files_only=offline) for f in paper_set.files]
-        return datasets.load_dataset("json", data_files=files, split=paper_set.split, cache_dir=cache)
-    except (OSError, ValueError, HTTPError, DatasetsError) as exc:  # no hub, offline without a cache, a bad mirror
-        cause = exc.__cause__ if isinstance(exc, DatasetGenerationError) and exc.__cause__ else exc  # the real one
-        raise PromptSetError(
-            f"{name}: {repo} cannot be read {where} ({_one_line(cause)}); download it with: {fetch}"
-        ) from exc
+    with _hub_lines_held(name):  # the hub client's retries said once, in a line of ours
+        try:
+            # A mirror's prepared copy is keyed on its files (`mirror_cache`); the hub's on the repository's revision.
+            root = Path(datasets.config.HF_DATASETS_CACHE)
+            cache = None if datasets_dir is None else str(mirror_cache(datasets_dir / repo, root))
+            if not paper_set.files:
+                source = str(datasets_dir / repo) if datasets_dir is not None else repo
+                return datasets.load_dataset(source, paper_set.config, split=paper_set.split, cache_dir=cache)
+            if datasets_dir is not None:
+                files = [str(datasets_dir / repo / file) for file in paper_set.files]
+            else:  # through the hub's cache, so a set read once is there offline too (offline as `datasets` says)
+                offline = datasets.config.HF_HUB_OFFLINE
+                files = [
+                    hf_hub_download(repo, f, repo_type="dataset", local_files_only=offline) for f in paper_set.files
+                ]
+            return datasets.load_dataset("json", data_files=files, split=paper_set.split, cache_dir=cache)
+        except (OSError, ValueError, HTTPError, DatasetsError) as exc:  # no hub, offline without a cache, a bad mirror
+            cause = exc.__cause__ if isinstance(exc, DatasetGenerationError) and exc.__cause__ else exc  # the real one
+            raise PromptSetError(
+                f"{name}: {repo} cannot be read {where} ({_one_line(cause)}); download it with: {fetch}"
+            ) from exc
 
 
 def _row(rows: Any, i: int) -> Row:
