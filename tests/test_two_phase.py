@@ -56,12 +56,21 @@ def test_the_budget_chosen_is_the_predictions_fastest_or_the_decoded_one_where_i
     )
     slower = answer(costs=costs([0.2, 4.0], [1, 5]), ar=1400.0)  # every budget slower than AR by the costs
     assert choose_budget(slower, 4).budget == slower.best_budget
+    assert choose_budget(slower, 4).why.startswith("the fastest predicted by phase 1, though by its own costs no ")
+    # Phase 1 decodes only the largest budget, slower than AR where a smaller one is predicted faster: the run's
+    # drafting methods all measured slower than AR, and the choice is still the prediction's, not the largest
+    disagree = answer(drafting_slower=True)
+    assert disagree.cannot_tell and choose_budget(disagree, 4).budget == 3
     assert choose_budget(answer(run_kind="compiled"), 4) == Choice(
         4,
         "phase 1's prediction cannot answer, its costs are of eager rounds, and this run decoded compiled ones: "
         "the budget it decoded",
     )
     assert choose_budget(None, 4) == Choice(4, "no prediction from phase 1: the budget it decoded")
+
+
+def scopes_speedup(summary: dict, scope: str) -> float:
+    return next(m["speedup_vs_ar"] for m in summary["methods"] if m["scope"] == scope)
 
 
 def decode_two_phases(tmp_path: Path, temperature: float, new: int = 6, **decode: object) -> tuple[list[dict], dict]:
@@ -112,6 +121,9 @@ def test_two_phases_decode_what_the_table_needs_and_every_ddtree_output_is_exact
     assert protocol["compared"] == PROMPTS and protocol["matched"] == PROMPTS
     assert summary["lines"]["protocol"] == protocol["line"]
     assert "DDTree's tokens equal the exact reference's on 20 of 20" in protocol["line"]
+    # the choice checked where it can be: the chosen budget measured on the sample, paired with AR
+    assert protocol["sample_speedup"] == scopes_speedup(summary, "ddtree_tb3") and protocol["predicted_speedup"] is None
+    assert f"on the sample it ran ×{protocol['sample_speedup']:.2f} vs AR;" in protocol["line"]
     # The run's own figures are the sample's, each method paired with AR on the same records
     scopes = {m["scope"]: m for m in summary["methods"]}
     assert set(scopes) == {"ar", "dflash", "ddtree_tb8", "ddtree_tb3"}

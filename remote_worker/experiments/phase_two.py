@@ -69,6 +69,8 @@ class PhaseTwo:
     why: str
     compared: int  # records where DDTree was checked against an exact method (temperature 0)
     matched: int  # of them, those whose tokens were equal
+    predicted_speedup: float | None  # the chosen budget's speedup as phase 1 predicted it (None: no prediction)
+    sample_speedup: float  # and as measured on the sample, paired with AR on the same records
 
     def as_record(self) -> dict[str, Any]:
         return {**asdict(self), "line": self.line()}
@@ -78,7 +80,10 @@ class PhaseTwo:
             "protocol.chosen_budget": float(self.chosen_budget),
             "protocol.sample_records": float(self.sample_records),
             "protocol.records": float(self.records),
+            "protocol.sample_speedup_vs_ar": self.sample_speedup,
         }
+        if self.predicted_speedup is not None:
+            figures["protocol.predicted_speedup_vs_ar"] = self.predicted_speedup
         if self.compared:
             figures["protocol.ddtree_matches"] = self.matched / self.compared
         return figures
@@ -89,6 +94,9 @@ class PhaseTwo:
             f"{self.every}) for AR, DFlash and DDTree {self.largest_budget}; then DFlash and DDTree "
             f"{self.chosen_budget} on every record ({self.why})"
         )
+        text += f"; on the sample it ran ×{self.sample_speedup:.2f} vs AR"
+        if self.predicted_speedup is not None:
+            text += f" (predicted ×{self.predicted_speedup:.2f})"
         if self.compared:
             text += f"; DDTree's tokens equal the exact reference's on {self.matched} of {self.compared}"
         return text
@@ -148,6 +156,11 @@ def run_phase_2(
     if final.comparison.exactness:  # the sample: the chosen budget against AR
         tally = final.comparison.tallies[chosen.scope]
         compared, matched = compared + tally.prompts, matched + tally.matches
+    predicted = None
+    if prediction is not None and choice.budget <= len(prediction.budgets):
+        predicted = prediction.tokens_per_s[choice.budget - 1] / prediction.ar_predicted_tokens_per_s
+    measured = final.comparison.metrics()[chosen.scope]["speedup_vs_ar"]
     return final, PhaseTwo(
-        protocol.kind, protocol.every, sampled, records, largest, choice.budget, choice.why, compared, matched
-    )
+        protocol.kind, protocol.every, sampled, records, largest, choice.budget, choice.why, compared, matched,
+        predicted, measured,
+    )  # fmt: skip
