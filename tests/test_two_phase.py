@@ -166,3 +166,36 @@ def test_the_orchestrator_refuses_a_bad_protocol_in_one_line(overrides: list[str
     with pytest.raises(ConfigError) as err:
         composed(overrides)
     assert str(err.value) == message
+
+
+def test_phase_twos_round_joins_the_compiled_rounds_at_their_capacity(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`add_round`: the chosen budget's fixed-shape round built at the rounds' capacity beside phase 1's, warmed
+    up, decoding AR's tokens; a compiler that fails leaves the others as they were and says why in one line.
+    (torch.compile itself is left out, as a hook in the test: `test_compiled_rounds` compiles these rounds.)"""
+    from remote_worker.decoding import compiled as compiled_module
+    from remote_worker.decoding.comparison import methods_for
+    from remote_worker.decoding.fixed_round import FixedRound
+    from remote_worker.decoding.loop import decode, decode_from, prefill
+    from tests.tiny_models import random_prompt, tiny
+
+    monkeypatch.setattr(FixedRound, "compile", lambda self, mode=None: None)  # the rounds run as written
+    monkeypatch.setattr(compiled_module.FixedPrefill, "compile", lambda self, mode=None: None)
+    target, draft = tiny("tiny_hybrid", "float32")
+    prompt = random_prompt(4)
+    rounds = compiled_module.compile_rounds(target, draft, methods_for([16]), prompt, 16, 10)
+    assert not isinstance(rounds, str) and set(rounds.rounds) == {"ar", "dflash", "ddtree_tb16"}
+    chosen = methods_for([5])[-1]
+    assert compiled_module.add_round(rounds, target, draft, chosen, prompt, 10) is None
+    assert set(rounds.rounds) == {"ar", "dflash", "ddtree_tb16", "ddtree_tb5"} and rounds.recompiles() == 0
+    assert rounds.rounds["ddtree_tb5"].capacity == rounds.rounds["ddtree_tb16"].capacity == rounds.capacity
+    start = prefill(target, prompt, draft, rounds.prefiller)
+    out = decode_from(target, start, method="ddtree", max_new_tokens=10, drafter=draft, budget=5,
+                      rounds=rounds.rounds["ddtree_tb5"])  # fmt: skip
+    assert out.tokens == decode(target, prompt, method="ar", max_new_tokens=10).tokens and out.fixed
+
+    def broken(self: FixedRound, mode: str | None = None) -> None:
+        raise RuntimeError("no compiler here\nsecond line")
+
+    monkeypatch.setattr(FixedRound, "compile", broken)
+    problem = compiled_module.add_round(rounds, target, draft, methods_for([7])[-1], prompt, 10)
+    assert problem == "ddtree_tb7: RuntimeError: no compiler here" and "ddtree_tb7" not in rounds.rounds
