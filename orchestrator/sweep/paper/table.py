@@ -257,7 +257,8 @@ def markdown(found: Sequence[Entry], model: str, missing: Sequence[Missing] = ()
     temperatures = sorted({e.temperature for e in found} | {m.temperature for m in missing})
     by_key = {(e.dataset, e.temperature): e for e in found}
     failed = {(m.dataset, m.temperature): m.reason for m in missing}
-    head = ["dataset", *(f"T={t:g} {m}" for t in temperatures for m in ("DFlash", "DDTree")), "best budget"]
+    budget = "best budget" if all(e.two_phase is None for e in found) else "budget"  # chosen, for two phases
+    head = ["dataset", *(f"T={t:g} {m}" for t in temperatures for m in ("DFlash", "DDTree")), budget]
     rows = []
     for dataset in _datasets(found, missing):
         cells, budgets = [], []
@@ -297,16 +298,17 @@ def _two_phase_lines(found: Sequence[Entry]) -> list[str]:
     for e in two:
         t = e.two_phase
         assert t is not None
-        error = "–" if t.check is None else f"{100 * t.check.median:.1f} % · {100 * t.check.total:+.1f} %"
+        total = 0.0 if t.check is None or abs(t.check.total) < 0.0005 else t.check.total  # never "-0.0 %"
+        error = "–" if t.check is None else f"{100 * t.check.median:.1f} % · {100 * total:+.1f} %"
         rows.append([e.dataset, f"{e.temperature:g}", "/".join(map(str, t.chosen)), str(t.sample_records),
                      str(t.predicted), error])  # fmt: skip
-        if e.ddtree is not None and t.prediction_error is not None:
-            for budget, speed in t.faster:
-                flags.append(
-                    f"⚠ {e.dataset} T={e.temperature:g}: the curve predicts budget {budget} at ×{speed:.2f}, faster "
-                    f"than the chosen {e.ddtree.budget}'s measured ×{e.ddtree.speedup:.2f} by more than the "
-                    f"prediction's error (±{100 * t.prediction_error:.0f} %)"
-                )
+        if e.ddtree is not None and t.prediction_error is not None and t.faster:
+            faster = ", ".join(f"{budget} at ×{speed:.2f}" for budget, speed in t.faster)
+            flags.append(
+                f"⚠ {e.dataset} T={e.temperature:g}: the curve predicts {faster}, faster than the chosen "
+                f"{e.ddtree.budget} measured (×{e.ddtree.speedup:.2f}) by more than the prediction's error "
+                f"(±{100 * t.prediction_error:.0f} %): the prediction that chose it missed"
+            )
     head = ["dataset", "T", "budget chosen", "AR decoded", "AR predicted", "AR's error (median · total)"]
     lines = [
         "**Two phases** (docs/paper.md): DDTree's cell is the budget each job's sample predicted fastest, chosen "
