@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -53,7 +54,9 @@ def draw_sweep(rows: list[Row]) -> plt.Figure | None:
             axis.set_ylabel(label)
             axis.set_title(f"{model} (dashed: DFlash; dotted: AR)", fontsize="small")
         panels[1].legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, frameon=False)
-    fig.tight_layout()
+    with warnings.catch_warnings():  # long job labels can leave no room to tighten: the figure is drawn all the same,
+        warnings.filterwarnings("ignore", message="Tight layout not applied")  # not a line in the user's terminal
+        fig.tight_layout()
     return fig
 
 
