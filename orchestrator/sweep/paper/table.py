@@ -156,10 +156,11 @@ CHOSEN = "ddtree_chosen"  # a two-phase record's decode at the budget its job ch
 
 def _chosen(job: JobRecords) -> int | None:
     """The budget a two-phase job chose (its summary's `protocol`); None for a job of the grid protocol."""
-    protocol = (job.summary or {}).get("protocol") or {}
-    if protocol.get("kind") != "two_phase":
+    protocol = (job.summary or {}).get("protocol")
+    if not isinstance(protocol, Mapping) or protocol.get("kind") != "two_phase":
         return None
-    return int(protocol["chosen_budget"])
+    budget = protocol.get("chosen_budget")
+    return budget if isinstance(budget, int) and not isinstance(budget, bool) and budget > 0 else None
 
 
 def _two_phase_entry(
