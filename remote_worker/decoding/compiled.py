@@ -145,12 +145,17 @@ def compile_rounds(
             where = method.scope
             _compile_round(compiled, target, drafter, method, start, warmup_tokens, temperature, clock)
     except Exception as error:  # noqa: BLE001 - any failure of the compiler means: decode with the reference
-        text = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        return f"{where}: {type(error).__name__}: {text}"[:300]
+        return _why(where, error)
     compiled.graphs_after_warmup = counters["stats"]["unique_graphs"]
     total = int(time.monotonic() - clock.started)
     clock.send(total, max(total, 1), f"compiled in {sum(compiled.compile_seconds.values()):.0f} s")
     return compiled
+
+
+def _why(where: str, error: Exception) -> str:
+    """A compiler's failure in one line: what was compiling, the error's type and its first line."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return f"{where}: {type(error).__name__}: {text}"[:300]
 
 
 def _compile_round(
@@ -199,8 +204,7 @@ def add_round(
         start = prefill(target, prompt, drafter, compiled.prefiller)
         _compile_round(compiled, target, drafter, method, start, min(max_new_tokens, 8), temperature, clock)
     except Exception as error:  # noqa: BLE001 - as in compile_rounds: the reference round decodes instead
-        text = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        return f"{method.scope}: {type(error).__name__}: {text}"[:300]
+        return _why(method.scope, error)
     finally:
         compiled.graphs_after_warmup = counters["stats"]["unique_graphs"]
     return None

@@ -23,6 +23,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -377,11 +378,7 @@ def _compiled_rounds(
     if not wanted(setting, target.device):
         return None
 
-    def progress(done: int, total: int, message: str) -> None:
-        if threading.current_thread() is threading.main_thread():  # (the compile's ticker calls from its own)
-            stop_signal.check()
-        log.progress("compile", done, total, message)
-
+    progress = _compile_progress(log)
     started = time.perf_counter()
     enabled, group = bool(spec.decode.get("compile_cache", True)), spec.decode.get("compile_cache_group")
     with CompileCache.open(spec.run_dir, enabled, group) as cache:
@@ -403,6 +400,18 @@ def _compiled_rounds(
     return outcome
 
 
+def _compile_progress(log: EventLog) -> Callable[[int, int, str], None]:
+    """The compile's progress as `compile` events; a stop asked for is honoured between graphs (the compile's
+    ticker calls from its own thread, where it cannot be)."""
+
+    def progress(done: int, total: int, message: str) -> None:
+        if threading.current_thread() is threading.main_thread():
+            stop_signal.check()
+        log.progress("compile", done, total, message)
+
+    return progress
+
+
 def _compile_one_more(
     log: EventLog,
     compiled: CompiledRounds,
@@ -414,13 +423,7 @@ def _compile_one_more(
 ) -> None:
     """Phase 2's round, compiled beside phase 1's (the chosen budget was not known before); if this host's
     torch cannot, that method decodes with the reference round and the run says why."""
-
-    def progress(done: int, total: int, message: str) -> None:
-        if threading.current_thread() is threading.main_thread():
-            stop_signal.check()
-        log.progress("compile", done, total, message)
-
-    problem = add_round(compiled, target, drafter, method, prompt, settings.max_new_tokens, progress,
+    problem = add_round(compiled, target, drafter, method, prompt, settings.max_new_tokens, _compile_progress(log),
                         settings.temperature)  # fmt: skip
     if problem is not None:
         LOG.warning("decode.compile: the %s round could not be compiled, decoding it eagerly (%s)", method.scope,
