@@ -5,17 +5,22 @@ DFlash elsewhere; the paper's figures merge the phases' rows and predict AR wher
 from __future__ import annotations
 
 import json
+import logging
+import signal
 from pathlib import Path
 
 import pytest
 
 from orchestrator.sweep.paper.ar_prediction import ar_times
 from orchestrator.sweep.paper.figures import cell, read_records
+from remote_worker import stop_signal
 from remote_worker.decoding.two_phase import MIN_SAMPLE, Choice, choose_budget, sample_positions
 from remote_worker.events import EventLog
-from remote_worker.experiments import phase_two
+from remote_worker.experiments import ddtree_gdn, phase_two
 from remote_worker.experiments.ddtree_gdn import run_ddtree_gdn
+from remote_worker.experiments.phase_one_state import PHASE_1_FILE
 from remote_worker.experiments.phase_two import protocol_of
+from remote_worker.experiments.record_loop import RecordLoop
 from remote_worker.spec import parse_spec
 from tests.specs import decode_spec
 from tests.test_budget_answer import answer, costs
@@ -199,3 +204,84 @@ def test_phase_twos_round_joins_the_compiled_rounds_at_their_capacity(monkeypatc
     monkeypatch.setattr(FixedRound, "compile", broken)
     problem = compiled_module.add_round(rounds, target, draft, methods_for([7])[-1], prompt, 10)
     assert problem == "ddtree_tb7: RuntimeError: no compiler here" and "ddtree_tb7" not in rounds.rounds
+
+
+def test_a_job_stopped_between_the_phases_resumes_with_phase_two_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Stopped as phase 2 starts (the SIGTERM of a Ctrl-C or a preemption), a run leaves phase 1 whole in
+    `phase_1.json`, listed as an artifact; the job's next run, handed that file, decodes no phase-1 method and
+    ends with every row: phase 1's as they were, phase 2's exact. A file that does not fit is decoded again."""
+    monkeypatch.setattr(phase_two, "choose_budget", lambda prediction, largest: Choice(3, "the test's"))
+    prompts = [{"id": f"p{i}", "messages": [{"role": "user", "content": f"def f{i}(x): return x *"}],
+                **({"followups": ["and for y?"]} if i % 8 == 0 else {})} for i in range(PROMPTS)]  # fmt: skip
+
+    def run(name: str, handed: bytes | None = None) -> tuple[Path, dict[str, str]]:
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        (run_dir / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts))
+        raw = decode_spec(run_dir, num_prompts=None, max_new_tokens=6, tree_budgets=[8], compile=False,
+                          protocol="two_phase", sample_every=4, node_costs=False)  # fmt: skip
+        raw["experiment"]["prompts_file"] = "prompts.jsonl"
+        if handed is not None:
+            (run_dir / PHASE_1_FILE).write_bytes(handed)
+            raw["experiment"]["phase_1_file"] = PHASE_1_FILE
+        return run_dir, run_ddtree_gdn(parse_spec(raw, run_dir), EventLog(run_dir))
+
+    real_phase_2 = ddtree_gdn.run_phase_2
+
+    def stopped(*args: object, **kwargs: object) -> object:
+        monkeypatch.setattr(stop_signal, "_requested", signal.SIGTERM)  # the first decode of phase 2 stops
+        return real_phase_2(*args, **kwargs)
+
+    monkeypatch.setattr(ddtree_gdn, "run_phase_2", stopped)
+    with pytest.raises(SystemExit):
+        run("first")
+    monkeypatch.setattr(stop_signal, "_requested", None)
+    monkeypatch.setattr(ddtree_gdn, "run_phase_2", real_phase_2)
+    first = tmp_path / "first"
+    events = [json.loads(line) for line in (first / "events.jsonl").read_text().splitlines()]
+    assert {"path": PHASE_1_FILE} in [e["data"] for e in events if e["kind"] == "artifact"]
+    first_rows = (first / "generations.jsonl").read_text().splitlines()
+    sample = sample_positions(PROMPTS, 4)
+    records = sum(2 if i % 8 == 0 else 1 for i in sample)
+    assert len(first_rows) == records and all(json.loads(r)["phase"] == 1 for r in first_rows)
+
+    decoded: list[list[str]] = []
+    real_decode = RecordLoop.decode
+
+    def counting(self: RecordLoop, turn: object, methods: list, announce: object) -> object:
+        decoded.append([m.scope for m in methods])
+        return real_decode(self, turn, methods, announce)
+
+    monkeypatch.setattr(RecordLoop, "decode", counting)
+    second, lines = run("second", (first / PHASE_1_FILE).read_bytes())
+    # Phase 2 alone: DFlash and DDTree 3 outside the sample, DDTree 3 on it; never AR or DDTree 8 again
+    assert sorted(map(tuple, decoded)) == sorted(
+        [("dflash", "ddtree_tb3")] * (PROMPTS + 3 - records) + [("ddtree_tb3",)] * records
+    )
+    rows = (second / "generations.jsonl").read_text().splitlines()
+    assert rows[:records] == first_rows  # phase 1's rows, as the stopped run wrote them
+    phase_2 = [json.loads(r) for r in rows[records:]]
+    assert all(r["phase"] == 2 for r in phase_2) and len(phase_2) == PROMPTS + 3
+    summary = json.loads((second / "decode_summary.json").read_text())
+    protocol = summary["protocol"]
+    assert protocol["restored"] is True and "(restored from a stopped run of these settings)" in lines["protocol"]
+    assert protocol["compared"] == protocol["matched"] == PROMPTS + 3  # exact on every record
+    assert {m["scope"]: m["prompts"] for m in summary["methods"]} == dict.fromkeys(
+        ["ar", "dflash", "ddtree_tb8", "ddtree_tb3"], records
+    )
+    assert (second / PHASE_1_FILE).read_bytes() == (first / PHASE_1_FILE).read_bytes()  # kept for a next stop
+
+    # A phase 1 that is not this run's sample is decoded again, with a warning saying why
+    document = json.loads((first / PHASE_1_FILE).read_bytes())
+    document["records"][3]["ids"][0] += 1
+    decoded.clear()
+    with caplog.at_level(logging.WARNING, logger="remote_worker.experiments.ddtree_gdn"):
+        run("third", json.dumps(document).encode())
+    assert ("ar", "dflash", "ddtree_tb8") in map(tuple, decoded)
+    tampered = f"p{document['records'][3]['position']}"
+    assert (
+        f"phase 1 of an earlier run is not used, so it is decoded again: record '{tampered}': turn 1 encodes to "
+        "other token ids than the ones phase 1 decoded" in caplog.text
+    )

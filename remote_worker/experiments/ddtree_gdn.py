@@ -53,6 +53,7 @@ from remote_worker.experiments.decode_report import (
     terminal_summary,
     write_summary,
 )
+from remote_worker.experiments.phase_one_state import PHASE_1_FILE, Encoder, PhaseOne, encoded_state, restore
 from remote_worker.experiments.phase_two import protocol_of, run_phase_2
 from remote_worker.experiments.record_loop import Progress, RecordLoop, Tallies, Turn
 from remote_worker.experiments.verdict import best_tags
@@ -223,7 +224,13 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
         _warm_up(target, drafter, encoded[0], methods)
     sample = sample_positions(len(prompts), protocol.every) if protocol.two_phase else list(range(len(prompts)))
     sampled = sum(prompts[p].turns for p in sample)
-    slices = NodeCostSlices.of(spec, target, drafter, len(sample), settings, budgets, compiled)
+    restored = None
+    if protocol.two_phase and spec.experiment.get("phase_1_file"):
+        encoder = Encoder(tokenizer, vocab, enable_thinking)
+        restored = _handed_phase_1(spec, encoder, methods, settings.repeats, prompts, encoded, indices, sample)
+    slices = None if restored is not None else NodeCostSlices.of(
+        spec, target, drafter, len(sample), settings, budgets, compiled
+    )  # fmt: skip
     context = _job_context(spec, target, prompts)
     for method in methods:
         params = {**context, **_method_params(method, drafter.block_size, settings, len(sample), compiled is not None)}
@@ -244,7 +251,15 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
 
         loop = RecordLoop(target, drafter, tokenizer, settings, enable_thinking, compiled, generations, fits)
         marks = {"phase": 1} if protocol.two_phase else {}
-        for slot, position in enumerate(sample):
+        if restored is not None:  # phase 1's rows written again from what it decoded, its tallies added up
+            phase_1 = restored.turns
+            for position in sample:
+                for turn, run in phase_1[position]:
+                    divergences = tallies.add(run)
+                    loop.write_row(prompts[position], turn, run, methods, divergences, tallies.comparison, marks)
+                    progress.records_done += 1
+                    progress.done += len(methods) * settings.repeats
+        for slot, position in enumerate(sample if restored is None else []):
             decoded = list(
                 loop.turns(prompts[position], encoded[position], indices[position], methods, tallies, progress,
                            phase="phase 1 · " if protocol.two_phase else "", extra=marks)
@@ -253,7 +268,14 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
                 slices.after(slot, decoded[0][0].ids, log)
             phase_1[position] = decoded
         summary = tallies.comparison.metrics()
-        costs = slices.costs() if slices is not None else None
+        costs = restored.costs if restored is not None else slices.costs() if slices is not None else None
+        was_compiled = restored.compiled if restored is not None else compiled is not None
+        if restored is not None:
+            free = restored.free
+        if protocol.two_phase:  # kept, so that a sweep stopped in phase 2 resumes there (`phase_one_state`)
+            state = encoded_state(methods, settings.repeats, phase_1, costs, was_compiled, free)
+            Folder(spec.run_dir).write_whole(PHASE_1_FILE, state)
+            log.emit("artifact", {"path": PHASE_1_FILE})
         withheld = None  # why the rounds cannot tell the budgets apart (only DDTree has budgets to tell)
         if any(m.name == "ddtree" for m in methods):
             withheld = curve_withheld(int(spec.decode.get("max_new_tokens", 0)), drafter.block_size)
@@ -261,7 +283,7 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
         if withheld is None:
             curve = budget_curve_record(methods, tallies.curves, summary)
             prediction = predict_budget(
-                methods, tallies.curves, costs, summary, compiled=compiled is not None, target=target,
+                methods, tallies.curves, costs, summary, compiled=was_compiled, target=target,
                 context=longest, free=free, prompts=sampled,
             )  # fmt: skip
         else:
@@ -279,7 +301,7 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
 
             tallies, phase_2 = run_phase_2(
                 log, loop, prompts, encoded, indices, phase_1, tallies, progress, prediction, protocol,
-                compile_round, announce_params,
+                compile_round, announce_params, restored=restored is not None,
             )  # fmt: skip
             summary = tallies.comparison.metrics()
             methods = tallies.comparison.methods
@@ -322,6 +344,30 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     if phase_2 is not None:
         lines["protocol"] = phase_2.line()
     return lines
+
+
+def _handed_phase_1(
+    spec: Spec,
+    encoder: Encoder,
+    methods: list[Method],
+    repeats: int,
+    prompts: list[Prompt],
+    encoded: list[torch.Tensor],
+    indices: list[int],
+    sample: list[int],
+) -> PhaseOne | None:
+    """The phase 1 the orchestrator handed over (`experiment.phase_1_file`: an earlier run's, with these settings,
+    stopped in phase 2), checked against this run's sample; None, with a warning, where it cannot stand for it."""
+    name = str(spec.experiment["phase_1_file"])
+    data = Folder(spec.run_dir).read(name)
+    found = restore(data, encoder, methods, repeats, prompts, encoded, indices, sample) if data is not None else None
+    if not isinstance(found, PhaseOne):
+        why = found or f"{name} is not in the run folder"
+        LOG.warning("phase 1 of an earlier run is not used, so it is decoded again: %s", why)
+        return None
+    LOG.info("phase 1: restored from an earlier run with these settings (%s); phase 2 only", counted(
+        sum(len(turns) for turns in found.turns.values()), "record"))  # fmt: skip
+    return found
 
 
 def curve_withheld(max_new_tokens: int, block_size: int) -> str | None:

@@ -71,6 +71,7 @@ class PhaseTwo:
     matched: int  # of them, those whose tokens were equal
     predicted_speedup: float | None  # the chosen budget's speedup as phase 1 predicted it (None: no prediction)
     sample_speedup: float  # and as measured on the sample, paired with AR on the same records
+    restored: bool = False  # phase 1 was an earlier run's, stopped in phase 2 (`phase_one_state`)
 
     def as_record(self) -> dict[str, Any]:
         return {**asdict(self), "line": self.line()}
@@ -91,7 +92,8 @@ class PhaseTwo:
     def line(self) -> str:
         text = (
             f"two phases: {counted(self.sample_records, 'record')} of {self.records} sampled (every "
-            f"{self.every}) for AR, DFlash and DDTree {self.largest_budget}; then DFlash and DDTree "
+            f"{self.every}) for AR, DFlash and DDTree {self.largest_budget}"
+            f"{' (restored from a stopped run of these settings)' if self.restored else ''}; then DFlash and DDTree "
             f"{self.chosen_budget} on every record ({self.why})"
         )
         text += f"; on the sample it ran ×{self.sample_speedup:.2f} vs AR"
@@ -115,6 +117,8 @@ def run_phase_2(
     protocol: Protocol,
     compile_round: Callable[[Method], None],
     announce_params: Callable[[Method, int], None],
+    *,
+    restored: bool = False,
 ) -> tuple[Tallies, PhaseTwo]:
     """Phase 2 over every record (the module's); returns the sample's tallies with the chosen budget added (what
     the run's figures are, paired with AR), and what phase 2 did."""
@@ -162,5 +166,5 @@ def run_phase_2(
     measured = final.comparison.metrics()[chosen.scope]["speedup_vs_ar"]
     return final, PhaseTwo(
         protocol.kind, protocol.every, sampled, records, largest, choice.budget, choice.why, compared, matched,
-        predicted, measured,
+        predicted, measured, restored,
     )  # fmt: skip
