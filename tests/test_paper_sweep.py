@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -168,3 +169,90 @@ def test_a_paper_sweep_with_a_set_missing_starts_nothing_and_says_so_in_one_line
     assert line.endswith(f"download it with: hf download --repo-type dataset MathArena/aime_2025 --local-dir "
                          f"{root}/MathArena/aime_2025")  # fmt: skip
     assert not store.exists() and not (tmp_path / "work").exists() and not (tmp_path / "sweep" / "sweep.json").exists()
+
+
+# The worker as `host.python` runs it, stopped (SIGSTOP) by the test's hook just after it lists phase 1's file: a
+# job stopped between the phases at a point the test chooses, not one a timer races for.
+STOP_AFTER_PHASE_1 = """
+import os, runpy, signal, sys
+from remote_worker import events
+emit = events.EventLog.emit
+def emit_then_stop(self, kind, data=None, *args, **kwargs):
+    result = emit(self, kind, data, *args, **kwargs)
+    if kind == "artifact" and data == {"path": "phase_1.json"}:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    return result
+events.EventLog.emit = emit_then_stop
+sys.argv = ["remote_worker", *sys.argv[3:]]
+runpy.run_module("remote_worker", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_a_two_phase_job_stopped_between_the_phases_resumes_with_phase_two_only(
+    mlflow_server: MlflowServer, tmp_path: Path
+) -> None:
+    build_mirror(tmp_path / "datasets", rows_per_set=18)
+    client = MlflowClient(tracking_uri=mlflow_server.uri)
+    hook = tmp_path / "stop_after_phase_1.py"
+    hook.write_text(STOP_AFTER_PHASE_1)
+    python = tmp_path / "python"
+    python.write_text(
+        f'#!/bin/sh\nif [ "$1" = "-c" ]; then exec {sys.executable} "$@"; fi\nexec {sys.executable} {hook} "$@"\n'
+    )
+    python.chmod(0o755)
+
+    def args(sweep_dir: str, *extra: str) -> list[str]:  # gsm8k at T = 0: one job, 18 records, 16 of them sampled
+        return [
+            "--multirun", "sweep=paper", "model=tiny_trained", "model.device=cpu", "experiment.prompts=gsm8k",
+            "decode.temperature=0", "experiment.num_prompts=18", "decode.max_new_tokens=8",
+            "decode.tree_budgets=[16]", "decode.node_costs=false", f"experiment.datasets_dir={tmp_path / 'datasets'}",
+            f"host.workdir={tmp_path / 'work'}", f"orchestrator.state_dir={tmp_path / 'state'}",
+            "tracking=server", f"tracking.uri={mlflow_server.uri}", f"hydra.sweep.dir={tmp_path / sweep_dir}", *extra,
+        ]  # fmt: skip
+
+    process = start_orchestrator(args("first", f"host.python={python}", "orchestrator.kill_grace_s=1"), tmp_path,
+                                 own_group=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while True:  # until the orchestrator has received phase 1 and signed it
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+            runs = (
+                jobs_of(client, parent_of(tmp_path, "first")) if (tmp_path / "first" / "sweep.json").is_file() else {}
+            )
+            if runs and "orchestrator.phase_1_signature" in client.get_run(runs[0].info.run_id).data.tags:
+                break
+            time.sleep(0.2)
+        os.kill(process.pid, signal.SIGINT)
+        first_out, first_err = process.communicate(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 130, first_out + first_err
+    stopped = client.get_run(runs[0].info.run_id)
+    assert stopped.info.status == "KILLED"
+    for pid_file in (tmp_path / "work" / "runs").glob("*/pid"):
+        assert not group_alive(int(pid_file.read_text())), "no worker survives the Ctrl-C"
+
+    result = run_orchestrator(args("second"), tmp_path, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (
+        f"sweep job #0 (1 of 1): phase 1 taken from run {stopped.info.run_id} (KILLED, stopped in phase 2, signed "
+        "by this user): decoding phase 2 only" in " ".join(result.stdout.split())  # as the terminal folded it
+    )
+    resumed = jobs_of(client, parent_of(tmp_path, "second"))[0]
+    assert resumed.info.status == "FINISHED"
+    assert resumed.data.tags["orchestrator.phase_1_from"] == stopped.info.run_id
+    events = [json.loads(line) for line in artifact_text(client, resumed.info.run_id, "events.jsonl",
+                                                         tmp_path / "a").splitlines()]  # fmt: skip
+    said = [str(e["data"].get("message")) for e in events if e["kind"] == "progress"]
+    assert any(m.startswith("phase 2 · ") for m in said)
+    assert not any(m.startswith("phase 1 · ") for m in said)  # no phase-1 decode ran again
+    rows = [json.loads(line) for line in artifact_text(client, resumed.info.run_id, "generations.jsonl",
+                                                       tmp_path / "b").splitlines()]  # fmt: skip
+    assert [r["phase"] for r in rows] == [1] * 16 + [2] * 2
+    summary = json.loads(artifact_text(client, resumed.info.run_id, "decode_summary.json", tmp_path / "c"))
+    assert summary["protocol"]["restored"] is True
+    assert summary["protocol"]["compared"] == summary["protocol"]["matched"] == 18  # exact on every record
+    table = list(csv.DictReader(io.StringIO(artifact_text(client, parent_of(tmp_path, "second"), "paper_table.csv",
+                                                          tmp_path / "d"))))  # fmt: skip
+    assert {(r["dataset"], r["records"]) for r in table} == {("gsm8k", "18")}

@@ -13,10 +13,26 @@ from mlflow.tracking import MlflowClient
 
 from orchestrator.sweep.membership import Sweep
 from orchestrator.sweep.plan import gpu_time, job_decodes, make_plan, progress_line
-from orchestrator.sweep.resume import find_finished, reused_jobs, reused_tag, why_not
+from orchestrator.sweep.resume import (
+    HandedPhase1,
+    Phase1Lookup,
+    find_finished,
+    find_phase_1,
+    reused_jobs,
+    reused_tag,
+    why_not,
+)
 from orchestrator.tracking import tags
 from orchestrator.tracking.settings_digest import PROMPTS_DIGEST, config_hash, settings_params
-from orchestrator.tracking.signing import KEY_FILE, KeyUnavailable, sign_run, signing_key
+from orchestrator.tracking.signing import (
+    KEY_FILE,
+    KeyUnavailable,
+    phase_1_problem,
+    phase_1_signature,
+    sign_run,
+    signing_key,
+)
+from remote_worker.decoding.two_phase import PHASE_1_FILE
 from tests.conftest import MlflowServer
 from tests.paper_mirror import build_mirror
 
@@ -102,6 +118,45 @@ def test_a_run_is_reused_only_when_its_own_params_hold_the_settings_and_it_is_si
     # and a signature copied onto another run does not verify there
     copy = job_run(client, experiment, wanted, **{tags.SIGNATURE: client.get_run(good).data.tags[tags.SIGNATURE]})
     assert "does not verify" in (why_not(client.get_run(copy), wanted, client, KEY) or "")
+
+
+def test_a_phase_one_is_handed_on_only_from_a_stopped_job_run_of_these_settings_signed_over_its_bytes(
+    client: MlflowClient, tmp_path: Path
+) -> None:
+    """A two-phase job that stopped in phase 2 left its phase 1 (`phase_1.json`), signed as it was received;
+    the job's next run goes on from it only where everything a forger could set checks out."""
+    experiment = new_experiment(client)
+    wanted = settings_params(RESOLVED, "text")
+    digest = config_hash(wanted)
+
+    def stopped_run(status: str, data: bytes, signed_as: bytes | None = None, params: dict | None = None) -> str:
+        run_id = job_run(client, experiment, params or wanted, status=status)
+        (tmp_path / PHASE_1_FILE).write_bytes(data)
+        client.log_artifact(run_id, str(tmp_path / PHASE_1_FILE))
+        if signed_as is not None:
+            client.set_tag(run_id, tags.PHASE_1_SIGNATURE, phase_1_signature(KEY, run_id, digest, signed_as))
+        return run_id
+
+    assert find_phase_1(client, experiment, wanted, KEY) == Phase1Lookup(None)
+    stopped_run("KILLED", b"unsigned")  # never signed: not a candidate
+    good = stopped_run("KILLED", b"phase 1", signed_as=b"phase 1")
+    lookup = find_phase_1(client, experiment, wanted, KEY)
+    assert lookup == Phase1Lookup(HandedPhase1(good, "KILLED", b"phase 1"))
+    # newer candidates that do not check out are said (the newest first) and passed over
+    swapped = stopped_run("FAILED", b"planted", signed_as=b"phase 1")  # the file replaced after signing
+    copied = job_run(client, experiment, wanted, status="KILLED",
+                     **{tags.PHASE_1_SIGNATURE: client.get_run(good).data.tags[tags.PHASE_1_SIGNATURE]})  # fmt: skip
+    stopped_run("FINISHED", b"phase 1", signed_as=b"phase 1")  # FINISHED is find_finished's, not this
+    running = job_run(client, experiment, wanted, status="RUNNING")
+    client.set_tag(running, tags.PHASE_1_SIGNATURE, "x")  # still decoding: never taken from under it
+    lookup = find_phase_1(client, experiment, wanted, KEY)
+    assert lookup.found == HandedPhase1(good, "KILLED", b"phase 1")
+    assert lookup.refused == f"run {copied}: its phase 1 cannot be read"
+    assert phase_1_problem(client.get_run(swapped), digest, b"planted", KEY) == (
+        "its phase 1's signature does not verify (made with another key, or the file changed since)"
+    )
+    assert find_phase_1(client, experiment, wanted, b"o" * 32).found is None  # another user's key
+    assert find_phase_1(client, experiment, settings_params({**RESOLVED, "seed": 3}, "text"), KEY).found is None
 
 
 def test_the_signing_key_is_made_once_private_and_a_shared_one_is_refused(tmp_path: Path) -> None:

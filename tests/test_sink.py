@@ -195,3 +195,22 @@ def test_thousands_of_metrics_are_batched_and_all_kept(store, tmp_path: Path) ->
     sink.apply(*split_events((tmp_path / EVENTS_FILE).read_bytes()))
     history = client.get_metric_history(run_id, "acceptance_length")
     assert sorted(m.step for m in history) == list(range(2500))
+
+
+def test_a_file_the_worker_lists_takes_the_tags_the_job_gives_it_in_the_same_batch(job) -> None:
+    """The hook a job signs its phase 1 with (`Job._file_tags`): called with the copy that was logged, for the job's
+    own run only; its tags land with the batch that logged the file."""
+    client, experiment_id, run_id, run_dir, raw, state_dir = job
+    seen: list[tuple[str, bytes]] = []
+
+    def file_tags(relative: str, local: Path) -> dict[str, str]:
+        seen.append((relative, local.read_bytes()))
+        return {"orchestrator.test_file_sha": str(len(local.read_bytes()))}
+
+    states = StateStore(state_dir)
+    sink = MlflowSink(client, experiment_id, StreamState(run_id, "local", str(run_dir)), states, LocalTransport(),
+                      file_tags)  # fmt: skip
+    events, consumed = split_events(raw)
+    sink.apply(events, consumed)
+    assert seen == [("probe.json", b'{"ok": true}')]
+    assert client.get_run(run_id).data.tags["orchestrator.test_file_sha"] == "12"

@@ -41,9 +41,11 @@ def follow_run(
     started_s_ago: float = 0.0,
     model: str | None = None,
     signals: SlurmSignals | None = None,
+    handed_phase_1: bytes | None = None,
 ) -> int:
     """`model`: the run's own, for a run started earlier (else the config's, which is the run's). `signals`:
-    Slurm's, for a sweep job Slurm runs."""
+    Slurm's, for a sweep job Slurm runs. `handed_phase_1`: an earlier run's phase 1 for the worker to go on
+    from (`sweep/resume.py`)."""
     signals = signals or SlurmSignals(None)
     verb = {Command.ATTACH: "attached to", Command.CANCEL: "cancelling"}.get(config.command, "run")
     model = escape(model or config.model_name)
@@ -64,6 +66,7 @@ def follow_run(
                 stop_grace_s=STOP_GRACE_S if signals.job is not None else None,
                 sweep=sweep,
                 started_s_ago=started_s_ago,
+                handed_phase_1=handed_phase_1,
             )
             outcome = lifecycle(job, body)
     finally:

@@ -37,7 +37,7 @@ from orchestrator.stream.state import Launched, StateStore, StreamState
 from orchestrator.sweep import Sweep
 from orchestrator.sweep.membership import read_sweep_record
 from orchestrator.sweep.plan import progress_line
-from orchestrator.sweep.resume import find_finished, reused_tag
+from orchestrator.sweep.resume import HandedPhase1, find_finished, find_phase_1, reused_tag
 from orchestrator.sweep.slurm import (
     SlurmJob,
     SlurmSignals,
@@ -81,8 +81,11 @@ def _run(
     if slurm is not None:
         job_tags[tags.SLURM_JOB_ID] = slurm.job_id
     settings = job_settings(config)
-    if sweep is not None and config.resume and _finished_before(config, console, client, sweep, settings):
-        return RunStatus.FINISHED.exit_code
+    handed = None
+    if sweep is not None and config.resume:
+        if _finished_before(config, console, client, sweep, settings):
+            return RunStatus.FINISHED.exit_code
+        handed = _phase_1_before(config, console, client, sweep, settings)
     with outages_named():
         created = create_job_run(
             client,
@@ -94,6 +97,9 @@ def _run(
             settings,
         )
     experiment_id, run_id = created.experiment_id, created.run_id
+    if handed is not None:
+        with outages_named():
+            client.set_tag(run_id, tags.PHASE_1_FROM, handed.run_id)
     store.note_launched(  # what `last` means: this user's own record, never the tracking store's newest run
         Launched(run_id, config.host.name, config.host.workdir, created.name, time.time(), os.getsid(0),
                  sweep.job_num if sweep is not None else None)
@@ -115,8 +121,9 @@ def _run(
     store.lock(run_id)
     transport = transport_for(config)
     code = follow_run(
-        config, console, client, store, transport, experiment_id, state, launch_body, sweep, signals=signals
-    )
+        config, console, client, store, transport, experiment_id, state, launch_body, sweep, signals=signals,
+        handed_phase_1=handed.data if handed is not None else None,
+    )  # fmt: skip
     if sweep is not None:
         _say_progress(console, client, sweep)
     return code
@@ -174,6 +181,36 @@ def _finished_before(
     )
     _say_progress(console, client, sweep)
     return True
+
+
+def _phase_1_before(
+    config: JobConfig, console: Console, client: MlflowClient, sweep: Sweep, settings: dict[str, str]
+) -> HandedPhase1 | None:
+    """`sweep.resume` of a two-phase job that no FINISHED run stands for: the phase 1 of a run with these settings
+    that stopped in phase 2, checked (`sweep/resume.py`), for the new run to go on from."""
+    if config.worker_sections["decode"].get("protocol") != "two_phase":
+        return None
+    with outages_named():
+        experiment_id = ensure_experiment(client, config.experiment_name, config.tracking.artifact_root)
+        try:
+            key = signing_key(Path(config.orchestrator.state_dir))
+        except KeyUnavailable:
+            return None  # said once already, by the FINISHED run's lookup
+        lookup = find_phase_1(client, experiment_id, settings, key)
+    of = f" ({sweep.job_num + 1} of {sweep.jobs})" if sweep.jobs else ""
+    if lookup.found is None:
+        if lookup.refused is not None:
+            console.print(
+                f"sweep job #{sweep.job_num}{of}: phase 1 of a stopped run is not reused "
+                f"({escape(printable(lookup.refused))}): decoding both phases"
+            )
+        return None
+    found = lookup.found
+    console.print(
+        f"sweep job #{sweep.job_num}{of}: phase 1 taken from run {found.run_id} ({found.status}, stopped in phase "
+        "2, signed by this user): decoding phase 2 only"
+    )
+    return found
 
 
 def _resume(

@@ -98,12 +98,21 @@ _DETACH = (
 )
 
 
-def write_spec(transport: Transport, run_dir: str, spec: Mapping[str, Any], prompts: str | None = None) -> None:
-    """The run folder with its spec and, when the orchestrator chose the prompts, their copy."""
+def write_spec(
+    transport: Transport,
+    run_dir: str,
+    spec: Mapping[str, Any],
+    prompts: str | None = None,
+    files: Mapping[str, bytes] | None = None,
+) -> None:
+    """The run folder with its spec and, when the orchestrator chose the prompts, their copy; `files`: others
+    the spec names (an earlier run's phase 1), by name in the run folder."""
     transport.make_dirs(posixpath.dirname(run_dir), 0o700)
     transport.make_dirs(run_dir, 0o700)
     if prompts is not None:
         transport.write_file(posixpath.join(run_dir, RUN_PROMPTS_FILE), prompts.encode(), 0o600)
+    for name, data in (files or {}).items():
+        transport.write_file(posixpath.join(run_dir, name), data, 0o600)
     data = (json.dumps(spec, indent=1, sort_keys=True) + "\n").encode()
     transport.write_file(posixpath.join(run_dir, SPEC_FILE), data, 0o600)
 

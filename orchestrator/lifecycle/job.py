@@ -28,6 +28,9 @@ from orchestrator.stream.mirror import EventMirror
 from orchestrator.stream.sink import MlflowSink
 from orchestrator.stream.state import StateStore, StreamState
 from orchestrator.sweep import Sweep
+from orchestrator.tracking import tags
+from orchestrator.tracking.signing import KeyUnavailable, phase_1_signature, signing_key
+from remote_worker.decoding.two_phase import PHASE_1_FILE
 
 STDERR_TAIL_LINES = 20
 CANCEL_REQUEST_FILE = "cancel_requested"  # left in the run folder by `cancel` before it stops the worker
@@ -59,6 +62,7 @@ class Job:
     found_ended: bool = False  # cancel: the worker had ended before the cancel came (its end is only recorded)
     stderr_tail: list[str] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
+    handed_phase_1: bytes | None = None  # an earlier run's phase 1 the worker goes on from (`sweep/resume.py`)
     _mirror: EventMirror | None = None
     _sink: MlflowSink | None = None
     _applier: Applier | None = None
@@ -72,8 +76,23 @@ class Job:
     @property
     def sink(self) -> MlflowSink:
         if self._sink is None:
-            self._sink = MlflowSink(self.client, self.experiment_id, self.state, self.store, self.transport)
+            self._sink = MlflowSink(
+                self.client, self.experiment_id, self.state, self.store, self.transport, self._file_tags
+            )
         return self._sink
+
+    def _file_tags(self, relative: str, local: Path) -> dict[str, str]:
+        """A two-phase job's phase 1, signed as it is received (`tracking/signing.py`): a sweep run again after
+        this job stopped in phase 2 goes on from it."""
+        if relative != PHASE_1_FILE:
+            return {}
+        try:
+            key = signing_key(Path(self.config.orchestrator.state_dir))
+        except KeyUnavailable as exc:
+            self.live.note(f"[yellow]phase 1 not signed (a sweep run again decodes it again): {escape(str(exc))}[/]")
+            return {}
+        digest = self.client.get_run(self.state.run_id).data.tags.get(tags.CONFIG_HASH, "")
+        return {tags.PHASE_1_SIGNATURE: phase_1_signature(key, self.state.run_id, digest, local.read_bytes())}
 
     @property
     def applier(self) -> Applier:

@@ -38,6 +38,7 @@ from orchestrator.lifecycle.job import (
 from orchestrator.tracking import tags
 from orchestrator.tracking.client import TrackingUnavailable, outages_named
 from orchestrator.tracking.status import CANCELLED_ELSEWHERE_EXIT, Outcome, RunStatus, Stage
+from remote_worker.decoding.two_phase import PHASE_1_FILE
 from remote_worker.prompt_set import RUN_PROMPTS_FILE
 
 
@@ -97,8 +98,11 @@ def launch(job: Job, report: dict[str, Any], code_dir: str) -> None:
     try:
         experiment = job.config.worker_sections["experiment"]
         prompts = prompts_file_text(experiment.get("prompts"), experiment.get("datasets_dir"))
-        spec = worker_spec(job.config, job.state.run_id, run_dir, prompts_sent=prompts is not None)
-        write_spec(job.transport, run_dir, spec, prompts)
+        handed = job.handed_phase_1
+        spec = worker_spec(
+            job.config, job.state.run_id, run_dir, prompts_sent=prompts is not None, phase_1_sent=handed is not None
+        )
+        write_spec(job.transport, run_dir, spec, prompts, {PHASE_1_FILE: handed} if handed is not None else None)
         job.launched = True
         with contextlib.suppress(TrackingUnavailable, MlflowException), outages_named():
             # The run's folder exists from now on: attach and cancel refuse to end the run where it is missing.
@@ -262,12 +266,17 @@ def _never_launched(job: Job) -> Outcome:
     )
 
 
-def worker_spec(config: JobConfig, run_id: str, run_dir: str, prompts_sent: bool = False) -> dict[str, Any]:
+def worker_spec(
+    config: JobConfig, run_id: str, run_dir: str, prompts_sent: bool = False, phase_1_sent: bool = False
+) -> dict[str, Any]:
     """The spec file: only what the worker needs (never host, tracking or orchestrator settings).
 
-    prompts_sent: the run folder holds the prompt set the orchestrator chose (`experiment.prompts_file`)."""
+    prompts_sent: the run folder holds the prompt set the orchestrator chose (`experiment.prompts_file`).
+    phase_1_sent: and an earlier run's phase 1 to go on from (`experiment.phase_1_file`, `sweep/resume.py`)."""
     sections = config.worker_sections
     experiment = dict(sections["experiment"], **({"prompts_file": RUN_PROMPTS_FILE} if prompts_sent else {}))
+    if phase_1_sent:
+        experiment["phase_1_file"] = PHASE_1_FILE
     return {
         "run_id": run_id,
         "run_dir": run_dir,

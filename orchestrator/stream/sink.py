@@ -22,6 +22,7 @@ import re
 import tempfile
 import time
 from collections import defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,8 +76,12 @@ class MlflowSink:
         state: StreamState,
         store: StateStore,
         transport: Transport,
+        file_tags: Callable[[str, Path], dict[str, str]] | None = None,
     ) -> None:
+        """`file_tags`: the tags the job's run takes for a file the worker listed, given its path in the run
+        folder and the copy that was logged (a signature of what was received, `tracking/signing.py`)."""
         self.client = client
+        self.file_tags = file_tags
         self.experiment_id = experiment_id
         self.state = state
         self.store = store
@@ -244,6 +249,8 @@ class MlflowSink:
             if found:
                 folder = posixpath.dirname(relative) or None
                 self.client.log_artifact(run_id, str(local), artifact_path=folder)
+                if self.file_tags is not None and run_id == self.state.run_id:
+                    self._pending[run_id].tags.update(self.file_tags(relative, local))
             else:
                 missing = f"{tags.MISSING_ARTIFACT_PREFIX}{relative}"
                 self._pending[run_id].tags[missing] = "listed by the worker but not found"

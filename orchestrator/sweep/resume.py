@@ -10,14 +10,22 @@ this user's key (`tracking/signing.py`): a whole run forged on an open store, pa
 again, and the job's line says why. The same check holds wherever a reused run is named (`why_not`): a
 `sweep.reused.<job>` tag on a sweep's parent is a claim too.
 
+A two-phase job stopped in phase 2 (Ctrl-C, a preemption, a crash) has no FINISHED run, but its phase 1 — most of
+its GPU time — is whole in its `phase_1.json` (`remote_worker.experiments.phase_one_state`). Where no FINISHED
+run stands for the job, the newest KILLED or FAILED job run with the same settings whose phase 1 carries this
+user's signature over the very bytes MLflow holds (`find_phase_1`) hands that file to the job's new run, which
+decodes phase 2 only; the new run names the old one (`orchestrator.phase_1_from`).
+
 The new sweep's parent run records each reused job as `sweep.reused.<job>` = the run's id, so its page
 covers the jobs decoded before and now (`rows.sweep_rows`).
 """
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
@@ -25,7 +33,8 @@ from mlflow.tracking import MlflowClient
 
 from orchestrator.tracking import tags
 from orchestrator.tracking.settings_digest import config_hash
-from orchestrator.tracking.signing import unsigned_reason
+from orchestrator.tracking.signing import phase_1_problem, unsigned_reason
+from remote_worker.decoding.two_phase import PHASE_1_FILE
 
 
 @dataclass(frozen=True)
@@ -47,12 +56,17 @@ def why_not(run: Run, expected: Mapping[str, str], client: MlflowClient, key: by
     can). `expected`: the job's settings ({} where only the run's own kind and signature are checked)."""
     if run.info.status != "FINISHED":
         return f"it is {run.info.status}"
+    return _other_job(run, expected) or unsigned_reason(client, run, key)
+
+
+def _other_job(run: Run, expected: Mapping[str, str]) -> str | None:
+    """Why `run` is not a job run of these settings (its params, which no one can change once logged)."""
     if run.data.tags.get(tags.ROLE, "job") != "job" or tags.SCOPE in run.data.tags:
         return "it is not a job run"
     differing = sorted(k for k, v in expected.items() if run.data.params.get(k) != v)
     if differing:
         return f"its params differ ({', '.join(differing[:3])}{', …' if len(differing) > 3 else ''})"
-    return unsigned_reason(client, run, key)
+    return None
 
 
 def find_finished(client: MlflowClient, experiment_id: str, expected: Mapping[str, str], key: bytes) -> Lookup:
@@ -66,6 +80,53 @@ def find_finished(client: MlflowClient, experiment_id: str, expected: Mapping[st
             return Lookup(Reusable(run.info.run_id, run.info.run_name or run.info.run_id), refused)
         refused = refused or f"run {run.info.run_id}: {reason}"
     return Lookup(None, refused)
+
+
+@dataclass(frozen=True)
+class HandedPhase1:
+    """An earlier run's phase 1 that a job's new run goes on from: the run, how it ended, the file's bytes (the
+    very bytes whose signature was checked, so nothing can change between the check and the hand-over)."""
+
+    run_id: str
+    status: str
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Phase1Lookup:
+    found: HandedPhase1 | None
+    refused: str | None = None  # `run <id>: <why>` for the newest candidate turned down
+
+
+STOPPED = ("KILLED", "FAILED")  # a run that ended in phase 2; a RUNNING one may still be decoding it
+
+
+def find_phase_1(client: MlflowClient, experiment_id: str, expected: Mapping[str, str], key: bytes) -> Phase1Lookup:
+    """The newest stopped job run of the experiment with these settings whose phase 1 this user's orchestrator
+    signed (the module's)."""
+    digest = config_hash(expected)
+    query = f"tags.`{tags.CONFIG_HASH}` = '{digest}'"
+    refused = None
+    for run in client.search_runs([experiment_id], query, max_results=50, order_by=["attributes.start_time DESC"]):
+        if run.info.status not in STOPPED or tags.PHASE_1_SIGNATURE not in run.data.tags:
+            continue
+        reason = _other_job(run, expected)
+        data = None
+        if reason is None:
+            data = _phase_1_bytes(client, run.info.run_id)
+            reason = "its phase 1 cannot be read" if data is None else phase_1_problem(run, digest, data, key)
+        if reason is None and data is not None:
+            return Phase1Lookup(HandedPhase1(run.info.run_id, run.info.status, data), refused)
+        refused = refused or f"run {run.info.run_id}: {reason}"
+    return Phase1Lookup(None, refused)
+
+
+def _phase_1_bytes(client: MlflowClient, run_id: str) -> bytes | None:
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            return Path(client.download_artifacts(run_id, PHASE_1_FILE, tmp)).read_bytes()
+        except (MlflowException, OSError):
+            return None
 
 
 def reused_tag(job: int) -> str:

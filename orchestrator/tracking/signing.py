@@ -13,6 +13,10 @@ folder (`orchestrator.state_dir/signing.key`, 32 random bytes, 0600, made on fir
 A run is reused (`sweep.resume`, and every `sweep.reused.<job>` a sweep's page reads) only when the signature
 verifies against the files as they are now. Another machine, or another user, has another key: its runs are
 decoded again, which costs time, never a wrong figure.
+
+A two-phase job's phase 1 (`phase_1.json`) is signed apart, as the orchestrator receives it from the worker
+(`phase_1_signature`: the run's id, its settings digest, the file's SHA-256): a job stopped in phase 2 has no
+FINISHED run, and a sweep run again goes on from that phase 1 only where its signature verifies.
 """
 
 from __future__ import annotations
@@ -75,6 +79,13 @@ def signature(key: bytes, run_id: str, config_hash: str, digests: dict[str, str]
     return hmac.new(key, payload.encode(), hashlib.sha256).hexdigest()
 
 
+def phase_1_signature(key: bytes, run_id: str, config_hash: str, data: bytes) -> str:
+    payload = json.dumps(
+        {"run": run_id, "settings": config_hash, "phase_1": hashlib.sha256(data).hexdigest()}, sort_keys=True
+    )
+    return hmac.new(key, payload.encode(), hashlib.sha256).hexdigest()
+
+
 def sign_run(client: MlflowClient, run_id: str, key: bytes) -> None:
     """Tag a job run that FINISHED with its signature (after its files are logged)."""
     run = client.get_run(run_id)
@@ -92,4 +103,15 @@ def unsigned_reason(client: MlflowClient, run: Run, key: bytes) -> str | None:
     )
     if not hmac.compare_digest(given, expected):
         return "its signature does not verify (made with another key, or its files changed since)"
+    return None
+
+
+def phase_1_problem(run: Run, config_hash: str, data: bytes, key: bytes) -> str | None:
+    """Why `data`, the phase 1 MLflow holds for `run`, is not the one this user's orchestrator received for a job
+    with these settings (None: its signature verifies)."""
+    given = run.data.tags.get(tags.PHASE_1_SIGNATURE)
+    if not given:
+        return "its phase 1 carries no signature of this user's orchestrator"
+    if not hmac.compare_digest(given, phase_1_signature(key, run.info.run_id, config_hash, data)):
+        return "its phase 1's signature does not verify (made with another key, or the file changed since)"
     return None

@@ -65,6 +65,10 @@ SWEEP_BEST_JOB = "sweep.best_job"
 CONFIG_HASH = "orchestrator.config_hash"
 SIGNATURE = "orchestrator.signature"  # HMAC of a FINISHED job run by its user's key (tracking/signing.py)
 SWEEP_REUSED_PREFIX = "sweep.reused."
+# A two-phase job's phase 1 (`phase_1.json`), signed as the orchestrator receives it (tracking/signing.py), and
+# on a job's run that went on from an earlier run's phase 1, that run's id.
+PHASE_1_SIGNATURE = "orchestrator.phase_1_signature"
+PHASE_1_FROM = "orchestrator.phase_1_from"
 
 # A sweep job Slurm ran (`sweep/slurm.py`): its job id (`123_4` for an array's task), how often it was requeued.
 SLURM_JOB_ID = "slurm.job_id"

@@ -19,6 +19,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # torch-free at run time: the orchestrator's plan reads `sample_positions`
     from remote_worker.decoding.budget_choice import Prediction
 
+# Phase 1 kept whole at its end (`experiments.phase_one_state`), so that a job stopped in phase 2 resumes there.
+PHASE_1_FILE = "phase_1.json"
+
 # `decode.protocol`: every method on every record (the paper's grid), or the two phases of this module.
 PROTOCOLS = ("grid", "two_phase")
 

@@ -24,11 +24,11 @@ from remote_worker.decoding.comparison import Method, PromptRun
 from remote_worker.decoding.loop import DecodeResult
 from remote_worker.decoding.node_cost import NodeCosts, StageCost
 from remote_worker.decoding.round_times import RoundTimes
+from remote_worker.decoding.two_phase import PHASE_1_FILE as PHASE_1_FILE
 from remote_worker.experiments.record_loop import TURN_INDEX_STRIDE, Turn
 from remote_worker.prompt_set import Prompt
 from remote_worker.prompts import decode_text, encode
 
-PHASE_1_FILE = "phase_1.json"
 FORMAT = 1
 
 
