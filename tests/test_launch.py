@@ -19,6 +19,8 @@ from orchestrator.host.local import LocalTransport
 from orchestrator.host.run_folder import ENV_FILE, EXIT_CODE_FILE, LEASE_FILE, PID_FILE, SPEC_FILE, worker_status
 from orchestrator.host.sync import remove_abandoned_parts
 from orchestrator.host.transport import CommandFailed, CommandResult
+from orchestrator.lifecycle.phases import own_phase_1
+from remote_worker.decoding.two_phase import PHASE_1_FILE
 from tests.conftest import group_alive
 
 transport = LocalTransport()
@@ -396,3 +398,22 @@ def test_a_code_folder_swapped_after_the_check_is_not_what_the_worker_reads(tmp_
     assert worker_status(transport, str(run_dir)).exit_code == 0, (run_dir / "stderr.log").read_text()
     assert (work / "code" / "abc" / "remote_worker" / "__init__.py").read_text() == "planted", "the swap happened"
     assert (run_dir / "read").read_text() == "real" and (run_dir / "path").read_text() == "/dev/fd/8\n"
+
+
+def test_a_requeued_attempt_takes_its_runs_own_phase_one_and_only_a_regular_file(tmp_path: Path) -> None:
+    """`relaunch`: a two-phase worker Slurm stopped in phase 2 left phase 1 whole in its run folder; the attempt
+    started again is handed those bytes, and the spec written with them names the file."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    assert own_phase_1(transport, str(run_dir)) is None  # stopped before phase 1 ended, or a grid run
+    (tmp_path / "secret").write_bytes(b"private")
+    (run_dir / PHASE_1_FILE).symlink_to(tmp_path / "secret")
+    assert own_phase_1(transport, str(run_dir)) is None  # never read through a link
+    (run_dir / PHASE_1_FILE).unlink()
+    (run_dir / PHASE_1_FILE).write_bytes(b'{"format": 1}\n')
+    handed = own_phase_1(transport, str(run_dir))
+    assert handed == b'{"format": 1}\n'
+    write_spec(transport, str(run_dir), {"experiment": {"phase_1_file": PHASE_1_FILE}}, files={PHASE_1_FILE: handed})
+    assert (run_dir / PHASE_1_FILE).read_bytes() == handed and stat.S_IMODE(
+        (run_dir / PHASE_1_FILE).stat().st_mode
+    ) == 0o600

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import posixpath
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from mlflow.exceptions import MlflowException
@@ -24,6 +26,7 @@ from orchestrator.host.transport import (
     ConnectFailed,
     HostKeyRefused,
     Transport,
+    UnsafePath,
 )
 from orchestrator.lifecycle.errors import HostLost, PhaseFailed
 from orchestrator.lifecycle.follow import Follower, FollowSettings
@@ -158,7 +161,22 @@ def relaunch(job: Job, report: dict[str, Any], code_dir: str) -> None:
         raise PhaseFailed(Stage.LAUNCH, f"{job.host_label}: could not start the worker again: {exc}") from exc
     job.mirror.end = None
     job.live.note("starting the worker again in the same run")
+    if job.handed_phase_1 is None and (own := own_phase_1(job.transport, job.state.run_dir)) is not None:
+        job.handed_phase_1 = own
+        job.live.note("phase 1 of the stopped attempt is whole: the worker goes on from it with phase 2")
     launch(job, report, code_dir)
+
+
+def own_phase_1(transport: Transport, run_dir: str) -> bytes | None:
+    """The run's own phase 1, which a two-phase worker writes whole into its private run folder when phase 1
+    ends (`remote_worker.experiments.phase_one_state`): the attempt started again goes on from it; None where
+    there is none (a grid run, or stopped before phase 1 ended) or it cannot be read."""
+    with tempfile.TemporaryDirectory() as tmp:
+        local = Path(tmp) / PHASE_1_FILE
+        try:
+            return local.read_bytes() if transport.fetch(posixpath.join(run_dir, PHASE_1_FILE), local) else None
+        except (UnsafePath, *CONNECTION_ERRORS):
+            return None
 
 
 def ended_on_its_own(job: Job) -> bool:
