@@ -210,7 +210,13 @@ def _decoded(checks: list[Check]) -> str:
 
 
 def _cannot_tell(
-    speeds: dict[int, float], best: int, ar: float, costs_kind: str, run_kind: str, drafting_slower: bool
+    speeds: dict[int, float],
+    best: int,
+    ar: float,
+    costs_kind: str,
+    run_kind: str,
+    drafting_slower: bool,
+    measured_by: str = "the run",
 ) -> str:
     """Why the prediction cannot answer at all (the module's list, in that order); empty when it can."""
     if costs_kind != run_kind:
@@ -220,7 +226,7 @@ def _cannot_tell(
         return f"by its own costs no budget is faster than AR (the fastest, budget {best}, ×{speedup:.2f})"
     if drafting_slower:
         return (
-            f"the run measured every drafting method slower than AR, and its costs predict budget {best} at "
+            f"{measured_by} measured every drafting method slower than AR, and its costs predict budget {best} at "
             f"×{speedup:.2f}: they disagree"
         )
     return ""
@@ -263,10 +269,13 @@ def predict(
     tree_memory_mb: list[float] | None = None,
     free_mb: float | None = None,
     prompts: int | None = None,
+    measured_by: str = "the run",
 ) -> Prediction:
     """tau: tau(b) for b = 1 … len(tau) (`nearest_tau`); held_out: decoded budget → its `held_out_tau`;
     ar_tokens_per_s: AR's measured speed; tree_memory_mb: the tree's count per budget, which `free_mb` must
-    hold (either may be None: nothing known); prompts: how many prompts the figures rest on (None: enough)."""
+    hold (either may be None: nothing known); prompts: how many prompts the figures rest on (None: enough);
+    measured_by: what decoded the measured figures, as the lines name it ("phase 1" of a two-phase run, whose
+    chosen budget is measured after the prediction and may well be faster than AR)."""
     if ar_tokens_per_s <= 0:
         raise ValueError(f"AR's measured speed must be positive, not {ar_tokens_per_s}")
     if any(m.tokens_per_s <= 0 for m in measured):
@@ -311,7 +320,7 @@ def predict(
         run_kind=run_kind,
         tree_memory_mb=memory,
         fits_up_to=fits,
-        cannot_tell=_cannot_tell(speeds, best, ar, costs.kind, run_kind, drafting_slower),
+        cannot_tell=_cannot_tell(speeds, best, ar, costs.kind, run_kind, drafting_slower, measured_by),
         within=within,
         no_single=_no_single(speeds, best, checks, fits, prompts),
     )

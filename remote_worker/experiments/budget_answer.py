@@ -131,6 +131,7 @@ def predict_budget(
     context: int = 0,
     free: int | None = None,
     prompts: int | None = None,
+    measured_by: str = "the run",
 ) -> Prediction | None:
     """tokens/s predicted at every budget and checked (`budget_choice`); None without DDTree decodes and costs,
     or where they cannot predict (a warning says why: the decode's own figures are not to be lost to it).
@@ -157,6 +158,7 @@ def predict_budget(
             tree_memory_mb=memory,
             free_mb=free / MB if free is not None else None,
             prompts=prompts,
+            measured_by=measured_by,
         )
     except ValueError as exc:
         LOG.warning("no predicted budget: %s", exc)

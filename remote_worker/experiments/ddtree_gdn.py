@@ -285,6 +285,7 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
             prediction = predict_budget(
                 methods, tallies.curves, costs, summary, compiled=was_compiled, target=target,
                 context=longest, free=free, prompts=sampled,
+                measured_by="phase 1" if protocol.two_phase else "the run",
             )  # fmt: skip
         else:
             LOG.warning("no budget curve and no budget prediction: %s, so no round could hold a whole tree", withheld)
