@@ -417,3 +417,20 @@ def test_a_requeued_attempt_takes_its_runs_own_phase_one_and_only_a_regular_file
     assert (run_dir / PHASE_1_FILE).read_bytes() == handed and stat.S_IMODE(
         (run_dir / PHASE_1_FILE).stat().st_mode
     ) == 0o600
+
+
+def test_the_supervisors_files_are_private_under_a_shared_umask_and_the_worker_keeps_the_hosts(tmp_path: Path) -> None:
+    """On a host whose umask is 002 (a group's shared work folder), the files the supervisor writes in the run
+    folder (streams, pid, exit code) are its user's alone; the worker itself runs under the host's umask, so what
+    it adds to a team's shared caches stays readable to the team."""
+    run_dir = new_run(tmp_path)
+    python = fake_python(tmp_path, "umask > worker_umask")
+    saved = os.umask(0o002)
+    try:
+        start_worker(transport, str(run_dir), python, code_dir(tmp_path), {})
+    finally:
+        os.umask(saved)
+    assert wait_until(lambda: (run_dir / EXIT_CODE_FILE).exists())
+    assert (run_dir / "worker_umask").read_text().strip() == "0002"
+    for name in (PID_FILE, EXIT_CODE_FILE, "stdout.log", "stderr.log"):
+        assert stat.S_IMODE((run_dir / name).stat().st_mode) == 0o600, name

@@ -75,8 +75,9 @@ _SUPERVISE = (
     f"if [ -L {ENV_FILE} ] || ! worker_env=$({sh_read(ENV_FILE)}) || [ ! -f {ENV_FILE} ]; then "
     f"rm -f {ENV_FILE}; {sh_write_whole('1', EXIT_CODE_FILE)}; exit 1; fi; "
     f"rm -f {ENV_FILE}; "
-    "gpus=$1; locks=$2; held=$3; shift 3; "
-    'if [ -n "$gpus" ]; then [ -d "$locks" ] || { mkdir -p "$locks" && chmod 1777 "$locks"; } 2>/dev/null; lease=; '
+    "gpus=$1; locks=$2; held=$3; mask=$4; shift 4; "
+    'if [ -n "$gpus" ]; then [ -d "$locks" ] || { (umask "$mask"; mkdir -p "$locks") && chmod 1777 "$locks"; } '
+    "2>/dev/null; lease=; "
     'while [ -z "$lease" ]; do for g in $gpus; do f="$locks/gpu$g.lock"; '
     '[ -e "$f" ] || (umask 0; : >> "$f"); exec 9<"$f"; '
     "if flock -n 9; then lease=$g; break; fi; exec 9<&-; done; "
@@ -85,16 +86,20 @@ _SUPERVISE = (
     "break; done 2>/dev/null; "
     f"{_WRITE_LEASE}; rm -f {WAITING_FILE}; "
     "export CUDA_VISIBLE_DEVICES=$lease; fi; "
-    f'(eval "$worker_env" || exit $?; {_HOLD_CODE}exec "$@"); code=$?; '
+    f'(umask "$mask"; eval "$worker_env" || exit $?; {_HOLD_CODE}exec "$@"); code=$?; '
     f'if [ -n "$gpus" ]; then {_WRITE_LEASE_END}; fi; '
     f"{sh_write_whole('$code', EXIT_CODE_FILE)}"
 )
 # The supervisor's `$0` names the run (`ddtree-worker:<run id>`), so its command line carries the run id: the
 # proof that a pid is this run's worker (`proof.py`) looks for it there before anything is signalled. The
 # streams are created exclusively (`set -C`): a link planted at stdout.log or stderr.log is not written through.
+# The supervisor's own files (streams, pid, lease, exit code) are its user's alone (umask 077) whatever the
+# host's umask (002 on many shared hosts); the worker runs under the host's own, as it would from a shell: a
+# team's shared model cache stays readable by the team.
 _DETACH = (
-    'cd "$1" || exit 1; run=$2; shift 2; set -C; '
-    f'setsid sh -c \'{_SUPERVISE}\' "{WORKER_MARK}$run" "$@" < /dev/null > {STDOUT_FILE} 2> {STDERR_FILE} &'
+    'cd "$1" || exit 1; run=$2; gpus=$3; locks=$4; held=$5; shift 5; set -C; mask=$(umask); umask 077; '
+    f'setsid sh -c \'{_SUPERVISE}\' "{WORKER_MARK}$run" "$gpus" "$locks" "$held" "$mask" "$@" < /dev/null '
+    f"> {STDOUT_FILE} 2> {STDERR_FILE} &"
 )
 
 
