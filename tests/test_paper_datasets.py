@@ -9,6 +9,7 @@ order or seed fails here.
 from __future__ import annotations
 
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -420,3 +421,57 @@ def test_the_named_sets_travel_as_jsonl(mirror: Path) -> None:
     assert resolve_prompts("humaneval", mirror) == EXPECTED["humaneval"]
     with pytest.raises(PromptSetError, match="download it with"):
         resolve_prompts("swe-bench", mirror / "elsewhere")
+
+
+@pytest.mark.parametrize("name", ["gsm8k", "livecodebench"])  # the folder read whole; the files the set names
+def test_a_mirror_larger_than_any_paper_set_is_refused_in_one_line_before_it_is_read(tmp_path: Path, name: str) -> None:
+    """A sparse file takes no disk and minutes to read: its size as it says it is counted, before `datasets`
+    opens anything."""
+    root = build_mirror(tmp_path)
+    repo = root / next(s.repo for s in PAPER_SETS if s.name == name)
+    big = repo / "test6.jsonl" if name == "livecodebench" else sorted(repo.rglob("test-*.parquet"))[0]
+    with open(big, "r+b") as f:
+        f.truncate(20 << 30)
+    paper_datasets._load.cache_clear()
+    with pytest.raises(PromptSetError) as refused:
+        load_paper_set(name, root)
+    assert str(refused.value) == (
+        f"{name}: its data files hold 20.0 GiB ({big}: 20.0 GiB), more than any of the paper's sets (at most 16 "
+        "GiB): remove what is not the set, or download the repository again"
+    )
+
+
+def test_a_long_first_read_of_a_mirror_is_said_as_it_goes_and_a_prepared_one_is_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = build_mirror(tmp_path)
+    monkeypatch.setattr(paper_datasets, "PREPARING_FROM_BYTES", 0)  # what a few GiB do, on a mirror of KiB
+    monkeypatch.setattr(paper_datasets, "PREPARING_EVERY_S", 0.01)
+    ticked = threading.Event()
+    real_line, real_load = paper_datasets._Preparing.line, datasets.load_dataset
+
+    def line(self: Any, elapsed_s: float) -> str:
+        ticked.set()
+        return real_line(self, elapsed_s)
+
+    def long_load(*args: Any, **kwargs: Any) -> Any:
+        assert ticked.wait(120), "the progress line never came"  # the read lasts until it has: no timing race
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(paper_datasets._Preparing, "line", line)
+    monkeypatch.setattr(datasets, "load_dataset", long_load)
+    paper_datasets._load.cache_clear()
+    load_paper_set("gsm8k", root)
+    said = capsys.readouterr().err.splitlines()
+    assert re.fullmatch(
+        r"gsm8k: preparing \d+ MiB of mirrored data for reading \(once: later reads take the prepared copy in "
+        r"/\S+\)",
+        said[0],
+    )
+    assert len(said) >= 2 and all(
+        re.fullmatch(r"gsm8k: still preparing \(\d+ s; \d+ MiB written\)", s) for s in said[1:]
+    )
+    monkeypatch.setattr(datasets, "load_dataset", real_load)
+    paper_datasets._load.cache_clear()  # a new process: the prepared copy is there, and nothing is said
+    load_paper_set("gsm8k", root)
+    assert capsys.readouterr().err == ""

@@ -16,6 +16,10 @@ the run. Before `datasets` opens a repository folder, it is checked here:
 
 Dot folders (`hf download`'s own `.cache/`) are bookkeeping, not data, and are not read. Each refusal is one
 line naming the file (control characters escaped) and the fix.
+
+And it is of a size the paper's sets are: their data files hold at most MAX_SET_BYTES together, counted by the
+size each file says it has (a sparse file of 20 GiB takes no disk and 400 s to read). The largest real set,
+LiveCodeBench's six JSON Lines files with their test cases, is a few GiB; the others are megabytes.
 """
 
 from __future__ import annotations
@@ -31,17 +35,23 @@ DATA_FORMATS = (".parquet", ".json", ".jsonl")
 OTHER_DATA = (".csv", ".tsv", ".arrow", ".xml")  # (a licence's .txt, a card's images: not data, left alone)
 
 
+# The most a set's data files may hold together (see the module).
+MAX_SET_BYTES = 16 << 30
+
+
 class MirrorRefused(ValueError):
     """The repository folder reads outside itself or holds what the paper's sets never do."""
 
 
-def check_mirror(folder: Path, datasets_dir: Path, files: tuple[str, ...] = ()) -> None:
+def check_mirror(folder: Path, datasets_dir: Path, files: tuple[str, ...] = ()) -> int:
     """Raise `MirrorRefused` (a line without the set's name: the caller adds it) where reading `folder`, a
-    repository under `datasets_dir`, would read outside it or read what is not the paper's data. `files`: the
-    only files the set reads (the folder is then not read whole)."""
+    repository under `datasets_dir`, would read outside it or read what is not the paper's data, or more of it
+    than the paper's sets hold; else the bytes of data it will read. `files`: the only files the set reads (the
+    folder is then not read whole)."""
     inside = folder.resolve()
     if folder.is_symlink() or not inside.is_relative_to(datasets_dir.resolve()):
         raise MirrorRefused(f"{printable(folder)} is a link out of {printable(datasets_dir)}; copy the files in")
+    data: list[Path] = []
     if files:
         for name in files:
             path = folder / name
@@ -49,7 +59,8 @@ def check_mirror(folder: Path, datasets_dir: Path, files: tuple[str, ...] = ()) 
                 raise MirrorRefused(f"{printable(path)} is a link out of the mirror; copy the file in its place")
             if path.suffix.lower() not in DATA_FORMATS:
                 raise MirrorRefused(f"{printable(path)} is not Parquet or JSON Lines")
-        return
+            data.append(path)
+        return _sized(data)
     for root, folders, found in os.walk(folder):  # links to folders are listed, never entered
         here = Path(root)
         folders[:] = [f for f in folders if not f.startswith(".")]  # bookkeeping (`.cache/`), never read
@@ -70,7 +81,24 @@ def check_mirror(folder: Path, datasets_dir: Path, files: tuple[str, ...] = ()) 
                     f"{printable(path)} is a {suffix[1:]} file; the paper's sets are Parquet or JSON Lines: remove it "
                     "or download the repository again"
                 )
+            if path.is_file() and suffix in DATA_FORMATS:
+                data.append(path)
     _check_card(folder / "README.md")
+    return _sized(data)
+
+
+def _sized(data: list[Path]) -> int:
+    """The bytes the data files say they hold together; MirrorRefused beyond MAX_SET_BYTES, naming the largest."""
+    sizes = {path: path.stat().st_size for path in data}
+    total = sum(sizes.values())
+    if total > MAX_SET_BYTES:
+        largest = max(sizes, key=lambda p: sizes[p])
+        raise MirrorRefused(
+            f"its data files hold {total / (1 << 30):.1f} GiB ({printable(largest)}: {sizes[largest] / (1 << 30):.1f} "
+            f"GiB), more than any of the paper's sets (at most {MAX_SET_BYTES >> 30} GiB): remove what is not the "
+            "set, or download the repository again"
+        )
+    return total
 
 
 def _check_card(card: Path) -> None:

@@ -27,7 +27,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import os
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -36,6 +39,7 @@ from string import Formatter
 from typing import Any
 
 from orchestrator.config.mirror_check import MirrorRefused, check_mirror
+from orchestrator.config.text import printable
 from remote_worker.prompt_set import Prompt, PromptSetError, unencodable
 
 Row = Mapping[str, Any]
@@ -211,6 +215,69 @@ class _HubLines(logging.Handler):
         )
 
 
+# A mirror's first read converts its data into `datasets`' prepared copy: from this size on it takes long
+# enough (LiveCodeBench's few GiB: minutes) to be said, and then said again every PREPARING_EVERY_S.
+PREPARING_FROM_BYTES = 64 << 20
+PREPARING_EVERY_S = 15.0
+
+
+@dataclass
+class _Preparing:
+    """What a long first read of a mirror says while `datasets` prepares its copy: a line as it starts, then one
+    every PREPARING_EVERY_S with the time so far and the bytes the copy holds by then (no wait is silent)."""
+
+    set_name: str
+    size: int  # the mirror's data bytes
+    cache: Path  # where the prepared copy grows
+
+    def first_line(self) -> str:
+        return (
+            f"{self.set_name}: preparing {_size(self.size)} of mirrored data for reading (once: later reads take "
+            f"the prepared copy in {printable(str(self.cache))})"
+        )
+
+    def line(self, elapsed_s: float) -> str:
+        return f"{self.set_name}: still preparing ({elapsed_s:.0f} s; {_size(_bytes_under(self.cache))} written)"
+
+
+def _size(count: int) -> str:
+    return f"{count / (1 << 30):.1f} GiB" if count >= 1 << 30 else f"{count / (1 << 20):.0f} MiB"
+
+
+def _bytes_under(folder: Path) -> int:
+    total = 0
+    for root, _folders, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                continue  # written and renamed meanwhile
+    return total
+
+
+@contextmanager
+def _preparing_said(set_name: str, size: int | None, cache: Path | None) -> Iterator[None]:
+    """`_Preparing`'s lines while the block reads a mirror of `size` data bytes whose prepared copy is not made yet
+    (None: from the hub, whose client says its own progress)."""
+    if size is None or cache is None or size < PREPARING_FROM_BYTES or (cache.is_dir() and any(cache.iterdir())):
+        yield
+        return
+    preparing, done, started = _Preparing(set_name, size, cache), threading.Event(), time.monotonic()
+    print(preparing.first_line(), file=sys.stderr, flush=True)
+
+    def tick() -> None:
+        while not done.wait(PREPARING_EVERY_S):
+            print(preparing.line(time.monotonic() - started), file=sys.stderr, flush=True)
+
+    ticker = threading.Thread(target=tick, name="mirror-progress", daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        ticker.join()
+
+
 @contextmanager
 def _hub_lines_held(set_name: str) -> Iterator[None]:
     logger = logging.getLogger("huggingface_hub")
@@ -242,18 +309,21 @@ def _rows(paper_set: PaperSet, datasets_dir: Path | None) -> Any:
         missing = [file for file in paper_set.files if not (folder / file).is_file()]
         if missing:
             raise PromptSetError(f"{name}: {folder} has no {missing[0]}; download it again with: {fetch}")
-        try:  # read only inside itself, and only as the paper's data (`mirror_check`)
-            check_mirror(folder, datasets_dir, paper_set.files)
+        try:  # read only inside itself, only as the paper's data and at most its size (`mirror_check`)
+            size = check_mirror(folder, datasets_dir, paper_set.files)
         except (MirrorRefused, OSError) as exc:
             raise PromptSetError(f"{name}: {exc}") from None
         where = f"from {folder}"
     else:
-        where = "from the Hugging Face hub"
-    with _hub_lines_held(name):  # the hub client's retries said once, in a line of ours
+        size, where = None, "from the Hugging Face hub"
+    # A mirror's prepared copy is keyed on its files (`mirror_cache`); the hub's on the repository's revision.
+    prepared = (
+        None if datasets_dir is None else mirror_cache(datasets_dir / repo, Path(datasets.config.HF_DATASETS_CACHE))
+    )
+    cache = None if prepared is None else str(prepared)
+    # the hub client's retries said once, in a line of ours; a mirror's long first read said as it goes
+    with _hub_lines_held(name), _preparing_said(name, size, prepared):
         try:
-            # A mirror's prepared copy is keyed on its files (`mirror_cache`); the hub's on the repository's revision.
-            root = Path(datasets.config.HF_DATASETS_CACHE)
-            cache = None if datasets_dir is None else str(mirror_cache(datasets_dir / repo, root))
             if not paper_set.files:
                 source = str(datasets_dir / repo) if datasets_dir is not None else repo
                 return datasets.load_dataset(source, paper_set.config, split=paper_set.split, cache_dir=cache)
