@@ -255,3 +255,43 @@ def test_a_planted_module_and_pickle_in_a_cache_others_can_write_are_never_loade
     root.chmod(0o700)  # the same planted entries in a folder that passes the check: they run
     control = compile_once()  # (the planted pickle is no graph: the compile itself may then fail)
     assert module_marker.exists() or pickle_marker.exists(), control.stderr[-2000:]
+
+
+def test_a_cache_that_fills_up_during_the_compile_is_left_for_a_cold_compile_in_private_temporary_space(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The cache's disk full in the middle of a compile: the run compiles once more, cold, in a folder of its own
+    in the system's temporary space, and says so; it decodes eagerly only where that fails too."""
+    from types import SimpleNamespace
+
+    from remote_worker.events import EventLog
+    from remote_worker.experiments import ddtree_gdn
+
+    run_dir = new_run(tmp_path)
+    monkeypatch.setattr(ddtree_gdn.tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    compiled = object()
+    where: list[str] = []
+
+    def compile_rounds(*_args: object) -> object:
+        where.append(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+        return "OSError: [Errno 28] No space left on device: 'x.so'" if len(where) == 1 else compiled
+
+    monkeypatch.setattr(ddtree_gdn, "compile_rounds", compile_rounds)
+    monkeypatch.setattr(ddtree_gdn, "wanted", lambda setting, device: True)
+    spec = SimpleNamespace(decode={"compile": True}, run_dir=run_dir)
+    settings = SimpleNamespace(max_new_tokens=8, temperature=0.0)
+    with caplog.at_level(logging.WARNING, logger="remote_worker.experiments.ddtree_gdn"):
+        got = ddtree_gdn._compiled_rounds(spec, EventLog(run_dir), SimpleNamespace(device="cpu"), None, [], [None],
+                                          settings, 16)  # fmt: skip
+    assert got is compiled
+    scratch = Path(where[1]).parent
+    assert where[0].endswith("/inductor") and where[1] == str(scratch / compile_cache.SCRATCH)  # the cache, then
+    assert scratch.parent == tmp_path / "tmp"  # the system's temporary space
+    assert stat.S_IMODE(scratch.stat().st_mode) == 0o700  # private: its kernels run in the worker
+    assert (
+        caplog.records[0]
+        .getMessage()
+        .startswith(f"decode.compile: no space left for the compile in {cache_root(run_dir)}")
+    )
+    assert caplog.records[0].getMessage().endswith(f"; compiling cold in {scratch} instead")

@@ -11,7 +11,9 @@ What the cache holds runs: on a hit inductor imports the cached `.py` modules, l
 unpickles the entries, inside a worker whose environment holds `host.env`'s secrets. So the folder is the
 user's alone: created 0700, written under umask 077 (files 0600, kernels 0700), and checked before each use,
 every entry in it (owner the user, no group or other write bit, no link). A folder that fails the check, is
-read-only or full is not used: the run says so in one line and compiles cold in its own scratch folder.
+read-only or full is not used: the run says so in one line and compiles cold in its own scratch folder. One
+that fills up during the compile: the run compiles once more, cold, in a private folder of the system's
+temporary space (often another disk), removed when the worker ends (`ddtree_gdn._compiled_rounds`).
 The folder checked is the folder used: it is opened once (O_NOFOLLOW), checked through that handle, and the
 compiles reach it through the handle's path in /proc, so a copy put in its place in the work folder after the
 check is never read.

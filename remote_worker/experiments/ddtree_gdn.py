@@ -19,8 +19,11 @@ shards of a set decode exactly the records the whole set would.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -428,17 +431,30 @@ def _compiled_rounds(
     progress = _compile_progress(log)
     started = time.perf_counter()
     enabled, group = bool(spec.decode.get("compile_cache", True)), spec.decode.get("compile_cache_group")
-    with CompileCache.open(spec.run_dir, enabled, group) as cache:
-        outcome = compile_rounds(
+
+    def compile_now() -> CompiledRounds | str:
+        return compile_rounds(
             target, drafter, methods, encoded[0], longest, settings.max_new_tokens, progress, settings.temperature
         )
+
+    with CompileCache.open(spec.run_dir, enabled, group) as cache:
+        outcome = compile_now()
+    fell_back = isinstance(outcome, str) and cache.enabled and (full := cache.space_problem(outcome)) is not None
+    if fell_back:
+        # The cache's disk (the work folder's) filled up during the compile: once more, cold, in a private folder
+        # of the system's temporary space (often another disk), removed when the worker ends
+        scratch = Path(tempfile.mkdtemp(prefix="ddtree-compile-"))
+        atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+        LOG.warning("decode.compile: %s; compiling cold in %s instead", full, scratch)
+        with CompileCache.open(scratch, False) as cache:
+            outcome = compile_now()
     if isinstance(outcome, str):
         if (full := cache.space_problem(outcome)) is not None:
             LOG.warning("decode.compile: torch.compile failed: %s; decoding eagerly (%s)", full, outcome)
         else:
             LOG.warning("decode.compile: torch.compile failed on this host, decoding eagerly (%s)", outcome)
         return None
-    cached = cache.outcome()
+    cached = "refused" if fell_back else cache.outcome()  # full: not used for this run's rounds
     log.emit("params", {"compile_cache": cached})
     LOG.info(
         "compiled the prefill and %d rounds in %.1f s (compile cache: %s)",
