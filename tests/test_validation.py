@@ -52,6 +52,12 @@ def test_valid_choices_and_plain_keys_pass() -> None:
         ("model.device=tpu", "model.device='tpu' is not one of: auto, cpu, cuda"),
         ("model.path=null", "model.path must name a checkpoint directory when model.source='pretrained'"),
         ("tracking.uri=ftp://x", "tracking.uri='ftp://x' must start with sqlite:///... or file:... for tracking=local"),
+        (
+            "tracking.uri=file:///tmp/my runs",
+            "tracking.uri='file:///tmp/my runs': this MLflow no longer writes file stores; give "
+            "'tracking.uri=sqlite:////tmp/my runs/mlflow.db' (`mlflow migrate-filestore` moves an existing one "
+            "there), or set MLFLOW_ALLOW_FILE_STORE=true",
+        ),
         ("seed=-1", "seed=-1 must be an integer >= 0"),
         ("probe.crop_tokens=16", "probe.crop_tokens=16 must be smaller than probe.prefill_tokens=16"),
         ("decode.max_new_tokens=0", "decode.max_new_tokens=0 must be an integer >= 1"),

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 import re
+import shlex
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -332,6 +334,14 @@ def resolve_config(cfg: DictConfig) -> dict[str, Any]:
     if not uri.startswith(TRACKING_SCHEMES[kind]):
         schemes = " or ".join(f"{s}..." for s in TRACKING_SCHEMES[kind])
         raise ConfigError(f"tracking.uri={uri!r} must start with {schemes} for tracking={kind}")
+    if uri.startswith("file:") and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("true", "1"):
+        # MLflow 3.x refuses to open one (its message, a paragraph, surfaced as a crash with a traceback file)
+        folder = uri.removeprefix("file://").removeprefix("file:").rstrip("/") or "."
+        instead = shlex.quote(f"tracking.uri=sqlite:///{folder}/mlflow.db")
+        raise ConfigError(
+            f"tracking.uri={uri!r}: this MLflow no longer writes file stores; give {instead} (`mlflow "
+            "migrate-filestore` moves an existing one there), or set MLFLOW_ALLOW_FILE_STORE=true"
+        )
     if _number(container, "seed", minimum=0, integer=True) >= 2**64:
         raise ConfigError(f"seed={container['seed']} must be below 2**64 (a 64-bit seed)")
     for key in ("attach", "cancel", "logs"):
