@@ -6,6 +6,7 @@ import torch
 
 from remote_worker.decoding.fixed_round import FixedRound
 from remote_worker.decoding.loop import decode, decode_from, fixed_capacity, prefill
+from remote_worker.decoding.online_budget import WARMUP_ROUNDS, OnlineBudget
 from remote_worker.models.target import TargetModel
 from tests.teacher_drafter import TeacherDrafter
 
@@ -53,4 +54,12 @@ def assert_lossless(
                 assert result.tokens == ar.tokens, (seed, "fixed", method, budget, name)
                 if not result.inexact_trees:  # the host heap's trees: the same paths are accepted
                     assert result.acceptance_lengths == reference.acceptance_lengths, (seed, method, budget, name)
+        # ddtree_online: each round verifies the first n nodes of the largest budget's tree, n chosen among the
+        # budgets from the draft's confidence (the history taken as warm: the choice works from the first round)
+        online = OnlineBudget(max(budgets), tuple(sorted(set(budgets))), min(budgets), lambda n: 1 + n / 16)
+        online.calibration.rounds = WARMUP_ROUNDS
+        result = decode_from(target, start, method="ddtree", max_new_tokens=new_tokens, drafter=drafter,
+                             budget=max(budgets), online=online)  # fmt: skip
+        assert result.tokens == ar.tokens, (seed, "ddtree_online", name)
+        assert {size - 1 for size in result.tree_sizes} <= set(budgets), (seed, "ddtree_online", name)
     return deep

@@ -26,7 +26,8 @@ from remote_worker.cache.tree import Tree
 from remote_worker.decoding.emission import emit_round
 from remote_worker.decoding.fixed_prefill import FixedPrefill
 from remote_worker.decoding.fixed_round import FixedRound, choose, collect_margins, run_rounds
-from remote_worker.decoding.tree_build import DraftTree, best_first_tree, chain_tree
+from remote_worker.decoding.online_budget import OnlineBudget
+from remote_worker.decoding.tree_build import DraftTree, best_first_tree, chain_tree, prefix_tree
 from remote_worker.models.target import TargetModel
 
 METHODS = ("ar", "dflash", "ddtree")
@@ -161,11 +162,16 @@ def decode_from(
     generator: torch.Generator | None = None,
     record_margins: bool = False,
     rounds: FixedRound | None = None,
+    online: OnlineBudget | None = None,
 ) -> DecodeResult:
     """Decode up to `max_new_tokens` from a copy of the prefilled state `start` (which stays as it is).
 
     `rounds`: decode with that fixed-shape round on the device (`fixed_round`; built for this method, budget
-    and temperature) instead of this module's reference round."""
+    and temperature) instead of this module's reference round. `online` (DDTree only): each round grows the
+    tree to `budget` and verifies the first n nodes the policy chooses (`online_budget`), then tells it what
+    was accepted."""
+    if online is not None and (method != "ddtree" or rounds is not None):
+        raise ValueError("a per-round budget is DDTree's, on the reference round")
     if method not in METHODS:
         raise ValueError(f"method={method!r} is not one of {METHODS}")
     drafting = method != "ar"
@@ -202,11 +208,15 @@ def decode_from(
                     draft = chain_tree(root, logits, drafter.block_size - 1)
                 else:
                     draft = best_first_tree(root, logits, budget)
+                    if online is not None:
+                        draft = prefix_tree(draft, online.choose(draft))
         with timer.stage("verify"):
             output = target.verify(cache, draft.tree, feature_layers)
             chosen = choose(output.logits, temperature, generator)
             targets = chosen.tolist()  # the round's one device→host transfer
         path = walk(draft, targets)
+        if online is not None:
+            online.observe(draft, path)
         with timer.stage("commit"):
             index = cache.commit(path)
         root_on_device = chosen[path[-1]]

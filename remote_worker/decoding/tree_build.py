@@ -126,3 +126,15 @@ def best_first_tree(root: int, logits: torch.Tensor, budget: int) -> DraftTree:
         if depth < depth_limit:
             heapq.heappush(heap, (-(score + log_probs[depth][0]), (*ranks, 0), node))
     return _assemble(tokens, parents, scores, depths, ranks_of)
+
+
+def prefix_tree(draft: DraftTree, budget: int) -> DraftTree:
+    """The first `budget` nodes of a best-first tree (and its root): by the prefix property (the module's), the
+    tree `best_first_tree` builds at that budget from the same logits. What `ddtree_online` verifies."""
+    nodes = min(budget, draft.tree.size - 1) + 1
+    if nodes == draft.tree.size:
+        return draft
+    tree = draft.tree
+    parents = tree.parents[:nodes].tolist()
+    depths = tree.depths[:nodes].tolist()
+    return _assemble(tree.tokens[:nodes].tolist(), parents, draft.scores[:nodes], depths, draft.ranks[:nodes])
