@@ -5,9 +5,11 @@ and every published layout's twin is `tests/lossless.py`'s (it decodes `ddtree_o
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +24,10 @@ from remote_worker.decoding.online_budget import (
     probability_bin,
 )
 from remote_worker.decoding.tree_build import best_first_tree, prefix_tree
+from remote_worker.events import EventLog
+from remote_worker.experiments.ddtree_gdn import run_ddtree_gdn
+from remote_worker.spec import parse_spec
+from tests.specs import decode_spec
 
 
 def random_tree(seed: int, budget: int, sharp: float) -> object:
@@ -115,3 +121,35 @@ def test_calibration_converges_to_a_drafter_whose_confidences_are_known() -> Non
 def test_bad_sizes_are_refused(sizes: tuple[int, ...], fixed: int, message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         OnlineBudget(8, sizes, fixed)
+
+
+@pytest.mark.worker
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_decode_run_reports_ddtree_online_like_every_method(tmp_path: Path, temperature: float) -> None:
+    """`decode.online_budget=true`: a child run `ddtree_online` beside the fixed budgets, exact at T = 0, its
+    chosen budgets per round as a histogram (`rounds_at_budget`, step = budget) and its calibration curve in the
+    summary; the costs come from the run's own node-cost slices."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    raw = decode_spec(run_dir, num_prompts=2, max_new_tokens=20, tree_budgets=[4, 16], temperature=temperature,
+                      compile=False, online_budget=True, node_cost_repeats=1)  # fmt: skip
+    run_ddtree_gdn(parse_spec(raw, run_dir), EventLog(run_dir))
+    summary = json.loads((run_dir / "decode_summary.json").read_text())
+    scopes = {m["scope"]: m for m in summary["methods"]}
+    assert set(scopes) == {"ar", "dflash", "ddtree_tb4", "ddtree_tb16", "ddtree_online"}
+    online = scopes["ddtree_online"]
+    assert online["method"] == "ddtree_online" and online["tree_budget"] == 16 and "speedup_vs_dflash" in online
+    if temperature == 0:
+        assert online["lossless"] == 1.0
+    record = summary["online_budget"]["ddtree_online"]
+    assert record["sizes"] == [1, 2, 4, 8, 16] and record["fixed"] == 16 and record["costs"] is True
+    rounds = {int(n): count for n, count in record["rounds_at_budget"].items()}
+    assert set(rounds) <= set(record["sizes"]) and sum(rounds.values()) >= 2
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    histogram = {
+        e["step"]: e["data"]["rounds_at_budget"]
+        for e in events
+        if e["kind"] == "metrics" and e.get("scope") == "ddtree_online" and "rounds_at_budget" in e["data"]
+    }
+    assert histogram == {n: float(count) for n, count in rounds.items()}
+    assert record["calibration"] and all(0 <= row["accepted"] <= 1 for row in record["calibration"])

@@ -58,6 +58,11 @@ def test_valid_choices_and_plain_keys_pass() -> None:
             "'tracking.uri=sqlite:////tmp/my runs/mlflow.db' (`mlflow migrate-filestore` moves an existing one "
             "there), or set MLFLOW_ALLOW_FILE_STORE=true",
         ),
+        ("decode.online_budget=maybe", "decode.online_budget='maybe' must be true or false"),
+        (
+            "decode.online_budget=true decode.protocol=two_phase",
+            "decode.online_budget=true needs decode.protocol=grid (two phases decode one chosen budget)",
+        ),
         ("seed=-1", "seed=-1 must be an integer >= 0"),
         ("probe.crop_tokens=16", "probe.crop_tokens=16 must be smaller than probe.prefill_tokens=16"),
         ("decode.max_new_tokens=0", "decode.max_new_tokens=0 must be an integer >= 1"),
@@ -79,7 +84,7 @@ def test_valid_choices_and_plain_keys_pass() -> None:
 )
 def test_bad_values_give_one_line_naming_the_key(override: str, message: str) -> None:
     with pytest.raises(ConfigError) as err:
-        composed([override])
+        composed(override.split(" ") if " decode." in override else [override])
     assert str(err.value) == message
     assert "\n" not in str(err.value)
 

@@ -393,6 +393,11 @@ def resolve_config(cfg: DictConfig) -> dict[str, Any]:
     if protocol not in PROTOCOLS:
         raise ConfigError(f"decode.protocol={shown(protocol)} must be one of {', '.join(PROTOCOLS)}")
     _number(container, "decode.sample_every", minimum=1, integer=True)
+    online = _get(container, "decode.online_budget")
+    if not isinstance(online, bool):
+        raise ConfigError(f"decode.online_budget={shown(online)} must be true or false")
+    if online and protocol != "grid":
+        raise ConfigError("decode.online_budget=true needs decode.protocol=grid (two phases decode one chosen budget)")
     if not isinstance(_get(container, "decode.node_costs"), bool):
         raise ConfigError(f"decode.node_costs={_get(container, 'decode.node_costs')!r} must be true or false")
     if _number(container, "decode.node_cost_repeats", minimum=1, integer=True) > 1000:

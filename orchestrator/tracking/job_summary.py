@@ -162,10 +162,11 @@ def answer(methods: list[dict[str, Any]]) -> str:
     DFlash: tau 3.42, ×1.99 vs AR, lossless`."""
     trees = [m for m in methods if m.get("method") == "ddtree" and _has(m, "speedup_vs_ar")]
     shown = [max(trees, key=lambda m: m["speedup_vs_ar"])] if trees else []
-    shown += [m for m in methods if m.get("method") == "dflash" and _has(m, "speedup_vs_ar")]
+    shown += [m for m in methods if m.get("method") in ("ddtree_online", "dflash") and _has(m, "speedup_vs_ar")]
     parts = []
     for method in shown:
-        name = f"DDTree-{method.get('tree_budget')}" if method.get("method") == "ddtree" else "DFlash"
+        names = {"ddtree": f"DDTree-{method.get('tree_budget')}", "ddtree_online": "DDTree-online"}
+        name = names.get(str(method.get("method")), "DFlash")
         text = f"**{name}**: tau {method.get('tau', 0):.2f}, ×{method['speedup_vs_ar']:.2f} vs AR"
         if _has(method, "lossless"):
             text += ", lossless" if method["lossless"] == 1 else f", lossless {method['lossless']:.2f}"

@@ -29,6 +29,7 @@ from remote_worker.decoding.divergence import Divergence, first_divergence
 from remote_worker.decoding.fixed_prefill import FixedPrefill
 from remote_worker.decoding.fixed_round import FixedRound
 from remote_worker.decoding.loop import DecodeResult, decode_from, prefill
+from remote_worker.decoding.online_budget import OnlineBudget
 from remote_worker.models.target import TargetModel
 
 
@@ -43,9 +44,11 @@ class Method:
         return self.name != "ar"
 
 
-def methods_for(budgets: Sequence[int]) -> list[Method]:
-    """AR (first: the reference), DFlash, then DDTree at every tree budget."""
-    return [Method("ar", "ar"), Method("dflash", "dflash")] + [Method(f"ddtree_tb{b}", "ddtree", b) for b in budgets]
+def methods_for(budgets: Sequence[int], online: bool = False) -> list[Method]:
+    """AR (first: the reference), DFlash, then DDTree at every tree budget; `online`: and `ddtree_online`, whose
+    rounds grow the largest budget's tree and verify as much of it as each round is worth (`online_budget`)."""
+    methods = [Method("ar", "ar"), Method("dflash", "dflash")] + [Method(f"ddtree_tb{b}", "ddtree", b) for b in budgets]
+    return methods + ([Method("ddtree_online", "ddtree_online", max(budgets))] if online else [])
 
 
 @dataclass(frozen=True)
@@ -85,9 +88,11 @@ def run_prompt(
     before_decode: Callable[[Method, int], None] | None = None,
     rounds: dict[str, FixedRound] | None = None,
     prefiller: FixedPrefill | None = None,
+    online: dict[str, OnlineBudget] | None = None,
 ) -> PromptRun:
     """Prefill `tokens` once (through `prefiller` when given: fixed-shape chunks), then decode them with every
-    method, repeats interleaved; a method with a fixed-shape round in `rounds` (by scope) decodes with it."""
+    method, repeats interleaved; a method with a fixed-shape round in `rounds` (by scope) decodes with it;
+    `ddtree_online` with its policy in `online` (by scope; without one, at its largest budget)."""
     if any(m.name == "ar" for m in methods) and methods[0].name != "ar":
         raise ValueError("AR must decode first: it is the reference of every other method")
     drafting = any(m.drafts for m in methods)
@@ -101,7 +106,7 @@ def run_prompt(
             result = decode_from(
                 target,
                 start,
-                method=method.name,
+                method="ddtree" if method.name == "ddtree_online" else method.name,
                 max_new_tokens=settings.max_new_tokens,
                 drafter=drafter if method.drafts else None,
                 budget=method.budget,
@@ -110,6 +115,7 @@ def run_prompt(
                 generator=torch.Generator(target.device).manual_seed(prompt_seed(settings.seed, index)),
                 record_margins=method.name == "ar" and settings.temperature == 0,
                 rounds=(rounds or {}).get(method.scope),
+                online=(online or {}).get(method.scope),
             )
             result.peak_memory_bytes = peak_memory.peak_bytes(target.device)
             results[method.scope].append(result)
@@ -236,7 +242,7 @@ class MethodTally:
         versus_ar = self.speedup_interval(ar)
         if versus_ar is not None:
             figures.update(speedup_vs_ar_ci_low=versus_ar.low, speedup_vs_ar_ci_high=versus_ar.high)
-        if self.method.name == "ddtree" and dflash is not None and dflash.repeat_tokens:
+        if self.method.name in ("ddtree", "ddtree_online") and dflash is not None and dflash.repeat_tokens:
             figures["speedup_vs_dflash"] = _spread(self.speedups(dflash))[0]
             versus_dflash = self.speedup_interval(dflash)
             if versus_dflash is not None:

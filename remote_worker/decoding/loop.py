@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -26,9 +26,11 @@ from remote_worker.cache.tree import Tree
 from remote_worker.decoding.emission import emit_round
 from remote_worker.decoding.fixed_prefill import FixedPrefill
 from remote_worker.decoding.fixed_round import FixedRound, choose, collect_margins, run_rounds
-from remote_worker.decoding.online_budget import OnlineBudget
 from remote_worker.decoding.tree_build import DraftTree, best_first_tree, chain_tree, prefix_tree
 from remote_worker.models.target import TargetModel
+
+if TYPE_CHECKING:  # `online_budget` reads node costs, which decode with this module
+    from remote_worker.decoding.online_budget import OnlineBudget
 
 METHODS = ("ar", "dflash", "ddtree")
 STAGES = ("draft", "tree_build", "verify", "commit")

@@ -33,9 +33,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from remote_worker.decoding.node_cost import NodeCosts, interpolate
 from remote_worker.decoding.tree_build import DraftTree
 
 WARMUP_ROUNDS = 16  # rounds at the fixed budget before the history is trusted
+START_BUDGET = 32  # the fixed budget until then (the paper's best budgets on GPUs are 32 to 256)
 PRIOR = 8.0  # pseudo-observations of the raw probability in every bin (shrinkage toward the drafter's own word)
 BINS = 10  # predicted-probability bins of width 1 / BINS
 DEPTH_BUCKETS = (1, 2, 3, 4, 6, 9)  # a bucket starts at each of these depths (depth 9 and deeper: the last)
@@ -110,6 +112,26 @@ class OnlineBudget:
     fixed: int  # the budget before the history and the costs exist
     cost_ms: Callable[[int], float] | None = None
     calibration: Calibration = field(default_factory=Calibration)
+    verified: dict[int, int] = field(default_factory=dict)  # budget -> rounds that verified it (every decode's)
+
+    @classmethod
+    def for_budgets(cls, budgets: Sequence[int]) -> OnlineBudget:
+        """The policy of a run whose fixed budgets are `budgets`: the tree grows to the largest; a round may
+        verify any of them or a power of two below the largest (the sizes a compiled path would capture);
+        START_BUDGET (or the nearest size below it) until the policy is `ready`."""
+        largest = max(budgets)
+        sizes = tuple(sorted({*budgets, *(1 << k for k in range(largest.bit_length()) if 1 << k <= largest)}))
+        return cls(largest, sizes, max(n for n in sizes if n <= max(START_BUDGET, sizes[0])))
+
+    def as_record(self) -> dict[str, Any]:
+        return {
+            "largest": self.largest,
+            "sizes": list(self.sizes),
+            "fixed": self.fixed,
+            "rounds_at_budget": {str(n): count for n, count in sorted(self.verified.items())},
+            "calibration": self.calibration.as_record(),
+            "costs": self.cost_ms is not None,
+        }
 
     def __post_init__(self) -> None:
         if not self.sizes or list(self.sizes) != sorted(set(self.sizes)) or self.sizes[0] < 1:
@@ -158,3 +180,12 @@ class OnlineBudget:
         depths = draft.tree.depths.tolist()
         probabilities = [math.exp(score) for score in draft.scores[1:]]
         self.calibration.observe(probabilities, depths[1:], set(path[1:]))
+        budget = draft.tree.size - 1
+        self.verified[budget] = self.verified.get(budget, 0) + 1
+
+
+def online_cost(costs: NodeCosts, largest: int) -> Callable[[int], float]:
+    """A `ddtree_online` round's milliseconds at budget n, from the node-cost probe: the round of budget n
+    (`NodeCosts.round_ms`) with its tree build at the largest budget, which every online round pays."""
+    grown = interpolate(costs.sizes, costs.tree, largest + 1)
+    return lambda n: costs.round_ms(n) - interpolate(costs.sizes, costs.tree, n + 1) + grown

@@ -37,6 +37,8 @@ from remote_worker.decoding import peak_memory
 from remote_worker.decoding.comparison import Method, PromptRun, Settings, methods_for, run_prompt
 from remote_worker.decoding.compile_cache import CompileCache
 from remote_worker.decoding.compiled import CompiledRounds, add_round, compile_rounds, wanted
+from remote_worker.decoding.node_cost import NodeCosts
+from remote_worker.decoding.online_budget import OnlineBudget, online_cost
 from remote_worker.decoding.tree_memory import free_bytes
 from remote_worker.decoding.two_phase import sample_positions
 from remote_worker.events import EventLog
@@ -186,6 +188,9 @@ def load_pair(spec: Spec, log: EventLog) -> tuple[Any, TargetModel, Any]:
 
 def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     protocol = protocol_of(spec.decode)  # a bad setting is one line before the model loads
+    online_wanted = bool(spec.decode.get("online_budget", False))
+    if online_wanted and protocol.two_phase:
+        raise ValueError("decode.online_budget=true needs decode.protocol=grid (two phases decode one chosen budget)")
     model, target, drafter = load_pair(spec, log)
     tokenizer = load_tokenizer(spec.model)
     settings = Settings(
@@ -215,14 +220,20 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     check_budgets(target, drafter.block_size, budgets, longest, free)
     largest = max(budgets)
     # Two-phase: phase 1's methods on the sample; grid: every method on every record
-    methods = methods_for([largest] if protocol.two_phase else budgets)
+    methods = methods_for([largest] if protocol.two_phase else budgets, online=online_wanted)
+    online = {m.scope: OnlineBudget.for_budgets(budgets) for m in methods if m.name == "ddtree_online"}
     passes = f" × {settings.repeats} repeats" if settings.repeats > 1 else ""
     turns = f" ({counted(records, 'turn')})" if records != len(prompts) else ""
     of_shard = f" (shard {shard}/{shards})" if shards > 1 else ""
     log.progress(
         "setup", 2, 2, f"{counted(len(prompts), 'prompt')}{turns}{of_shard} × {counted(len(methods), 'method')}{passes}"
     )
-    compiled = _compiled_rounds(spec, log, target, drafter, methods, encoded, settings, longest_ids)
+    captured = [m for m in methods if m.name != "ddtree_online"]  # its per-round budget: the reference round
+    compiled = _compiled_rounds(spec, log, target, drafter, captured, encoded, settings, longest_ids)
+    if online and compiled is not None:
+        LOG.warning("ddtree_online decodes with the reference round beside the compiled ones, at budget %d (its "
+                    "per-round choice needs the eager rounds' node costs, which a compiled run does not measure)",
+                    next(iter(online.values())).fixed)  # fmt: skip
     if compiled is None:
         _warm_up(target, drafter, encoded[0], methods)
     sample = sample_positions(len(prompts), protocol.every) if protocol.two_phase else list(range(len(prompts)))
@@ -252,7 +263,7 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
         def fits(ids: torch.Tensor, conversation: Prompt) -> None:
             check_fits(ids, conversation, target, settings.max_new_tokens, spec.model.name, overhang)
 
-        loop = RecordLoop(target, drafter, tokenizer, settings, enable_thinking, compiled, generations, fits)
+        loop = RecordLoop(target, drafter, tokenizer, settings, enable_thinking, compiled, generations, fits, online)
         marks = {"phase": 1} if protocol.two_phase else {}
         if restored is not None:  # phase 1's rows written again from what it decoded, its tallies added up
             phase_1 = restored.turns
@@ -269,6 +280,10 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
             )  # fmt: skip
             if slices is not None:
                 slices.after(slot, decoded[0][0].ids, log)
+                costs_now = slices.sampler.costs() if online and slot in slices.points else None
+                for policy in online.values():  # the costs as measured so far, for the next rounds' choices
+                    if isinstance(costs_now, NodeCosts):
+                        policy.cost_ms = online_cost(costs_now, policy.largest)
             phase_1[position] = decoded
         summary = tallies.comparison.metrics()
         costs = restored.costs if restored is not None else slices.costs() if slices is not None else None
@@ -325,6 +340,9 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     emit_budget_curves(log, curve, costs, prediction)
     for scope, tally in tallies.comparison.tallies.items():
         emit_rounds(log, scope, tally.acceptance_lengths)
+    for scope, policy in online.items():  # the chosen budgets as a histogram: rounds (value) at budget (step)
+        for budget, count in sorted(policy.verified.items()):
+            log.emit("metrics", {"rounds_at_budget": float(count)}, scope=scope, step=budget)
     if verdict is not None:
         log.emit("tags", best_tags(verdict, methods))
     extras = {
@@ -336,6 +354,7 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
         "peak_memory_measures": peak_memory.measures(target.device),
         "host_load": load.summary(since=decode_started).as_record() if load is not None else None,
         "protocol": phase_2.as_record() if phase_2 is not None else {"kind": "grid"},
+        "online_budget": {scope: policy.as_record() for scope, policy in online.items()} or None,
     }
     write_summary(spec, methods, summary, tallies.comparison, str(target.device), drafter.block_size, verdict, extras)
     log.emit("artifact", {"path": SUMMARY_FILE})

@@ -22,6 +22,7 @@ from remote_worker.decoding.acceptance_profile import AcceptanceProfile
 from remote_worker.decoding.budget_curve import BudgetCurve
 from remote_worker.decoding.comparison import Comparison, Method, PromptRun, Settings, run_prompt
 from remote_worker.decoding.compiled import CompiledRounds
+from remote_worker.decoding.online_budget import OnlineBudget
 from remote_worker.events import EventLog
 from remote_worker.experiments.decode_report import generation_row
 from remote_worker.models.target import TargetModel
@@ -106,6 +107,7 @@ class RecordLoop:
     compiled: CompiledRounds | None
     generations: IO[str]
     check_fits: Callable[[torch.Tensor, Prompt], None]
+    online: dict[str, OnlineBudget] = field(default_factory=dict)  # `ddtree_online`'s policy, by scope
 
     def turns(
         self,
@@ -146,8 +148,9 @@ class RecordLoop:
         """One record as it was: `turn`'s prompt decoded by `methods`."""
         rounds, prefiller = (self.compiled.rounds, self.compiled.prefiller) if self.compiled else (None, None)
         return run_prompt(
-            self.target, self.drafter, turn.ids, methods, self.settings, turn.record, announce, rounds, prefiller
-        )
+            self.target, self.drafter, turn.ids, methods, self.settings, turn.record, announce, rounds, prefiller,
+            self.online,
+        )  # fmt: skip
 
     def write_row(
         self,
