@@ -20,6 +20,7 @@ from bench.budget_figures import budget_figures, budget_table, check_summary
 from bench.compile_depth import compile_depth_figures, compile_depth_table
 from bench.decode_figures import decode_figures, prompt_length_check
 from bench.decode_speed import compare_workers
+from bench.online_budget import online_budget_figures, online_budget_table
 from bench.op_counts import op_count_figures
 from bench.orchestrator_figures import orchestrator_figures
 from bench.paper_protocol import paper_protocol_figures, paper_protocol_table
@@ -233,6 +234,10 @@ def markdown(results: dict) -> str:
         "",
         *paper_protocol_table(results["paper_protocol"]),
         "",
+        "DDTree with a per-round budget against the best fixed budget, per paper set (`bench.online_budget`):",
+        "",
+        *online_budget_table(results["online_budget"]),
+        "",
         "Operations per decode round (counted, so exact: a gate where timings are noise), after a 256-token "
         "prefill on 64-layer models of the real layer pattern at tiny widths (the hybrid is Qwen3.6-27B's: 48 "
         "Gated DeltaNet and 16 attention layers); compute operations as dispatched on the CPU, views and "
@@ -275,15 +280,21 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--decode-repeats", type=int, default=3)
     parser.add_argument("--baseline", default=BASELINE, help="the commit whose worker the speed table compares with")
-    parser.add_argument("--only", choices=["paper_protocol"], help="run this section alone (its own JSON file)")
+    parser.add_argument(
+        "--only", choices=["paper_protocol", "online_budget"], help="run this section alone (its own JSON file)"
+    )
     args = parser.parse_args()
     torch.set_grad_enabled(False)
-    if args.only == "paper_protocol":
-        figures = paper_protocol_figures()
+    if args.only is not None:
+        run, table = {
+            "paper_protocol": (paper_protocol_figures, paper_protocol_table),
+            "online_budget": (online_budget_figures, online_budget_table),
+        }[args.only]
+        figures = run()
         RESULTS.mkdir(exist_ok=True)
-        (RESULTS / "paper_protocol.json").write_text(json.dumps(figures, indent=1) + "\n")
+        (RESULTS / f"{args.only}.json").write_text(json.dumps(figures, indent=1) + "\n")
         print(json.dumps(figures, indent=1))
-        print("\n".join(paper_protocol_table(figures)))
+        print("\n".join(table(figures)))
         return
     results = {
         "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}",
@@ -294,6 +305,7 @@ def main() -> None:
         "budget": budget_figures("tiny_trained", args.decode_repeats),
         "budget_loaded": budget_figures("tiny_trained", args.decode_repeats, load=True),
         "paper_protocol": paper_protocol_figures(),
+        "online_budget": online_budget_figures(),
         "op_counts": op_count_figures(),
         "speed": compare_workers(args.baseline, args.decode_repeats),
         "compiled": _compiled_runs(),
