@@ -29,11 +29,13 @@ from remote_worker.experiments.ddtree_gdn import run_ddtree_gdn
 from remote_worker.prompt_set import to_jsonl
 from remote_worker.spec import parse_spec
 
-GRID = (8, 16, 32, 64, 128)
+GRID = (8, 16, 32, 64)
 RESAMPLES = 2000
 
 
-def online_budget_figures(records: int = 16, max_new_tokens: int = 32) -> dict[str, Any]:
+def online_budget_figures(
+    records: int = 12, max_new_tokens: int = 32, sets: tuple[str, ...] = PAPER_SET_NAMES, cost_repeats: int = 2
+) -> dict[str, Any]:
     import datasets
 
     from tests.paper_mirror import build_mirror
@@ -43,7 +45,7 @@ def online_budget_figures(records: int = 16, max_new_tokens: int = 32) -> dict[s
         root = Path(folder)
         datasets.config.HF_DATASETS_CACHE = str(root / "hf-cache")
         mirror = build_mirror(root / "mirror", rows_per_set=records)
-        for name in PAPER_SET_NAMES:
+        for name in sets:
             paper_datasets._load.cache_clear()
             prompts = to_jsonl(load_paper_set(name, mirror)[:records])
             for temperature in (0.0, 1.0):
@@ -51,7 +53,7 @@ def online_budget_figures(records: int = 16, max_new_tokens: int = 32) -> dict[s
                 run_dir.mkdir()
                 (run_dir / "prompts.jsonl").write_text(prompts, encoding="utf-8")
                 decode = {"max_new_tokens": max_new_tokens, "tree_budgets": list(GRID), "online_budget": True,
-                          "temperature": temperature}  # fmt: skip
+                          "temperature": temperature, "node_cost_repeats": cost_repeats}  # fmt: skip
                 run_ddtree_gdn(parse_spec(_raw(run_dir, run_dir.name, decode, records), run_dir), EventLog(run_dir))
                 rows.append(_compare(name, temperature, run_dir))
     ahead = [r for r in rows if r["ratio_ci"][0] > 1]
@@ -62,6 +64,7 @@ def online_budget_figures(records: int = 16, max_new_tokens: int = 32) -> dict[s
         "max_new_tokens": max_new_tokens,
         "block_size": BLOCK,
         "grid": list(GRID),
+        "node_cost_repeats": cost_repeats,
         "rows": rows,
         "ahead": len(ahead),
         "behind": len(behind),
