@@ -26,7 +26,7 @@ from orchestrator.sweep.slurm import (
 )
 from orchestrator.tracking.client import TrackingUnavailable, outages_named
 from orchestrator.tracking.runs import end_run, mark_detached
-from orchestrator.tracking.status import Outcome, RunStatus, Stage
+from orchestrator.tracking.status import NOT_STARTED, Outcome, RunStatus, Stage
 
 
 def lifecycle(job: Job, body: Callable[[Job], Outcome]) -> Outcome:
@@ -47,6 +47,8 @@ def lifecycle(job: Job, body: Callable[[Job], Outcome]) -> Outcome:
             job.stopping()
             job.interrupted = True
             reason = f"cancelled: {exc}" if isinstance(exc, SweepCancelled) else str(exc) or "interrupted (Ctrl-C)"
+            if isinstance(exc, SweepCancelled) and not job.launched:  # between the preflight and the launch
+                reason = f"{NOT_STARTED}{exc}"
             if isinstance(exc, KeyboardInterrupt):
                 reason = "interrupted by the user (Ctrl-C)"
             outcome = stop(job, reason)
