@@ -22,11 +22,12 @@ def assert_lossless(
     block_size: int,
     deep_budget: int,
     fixed: bool = True,
+    online: bool = True,
 ) -> int:
     """AR decodes `prompt`; then DFlash and DDTree at every budget, with `draft` (when there is one) and with a
     teacher that knows AR's continuation, must emit exactly AR's tokens, trees never past their budget; and
     so must the fixed-shape rounds on the device (`fixed_round`), accepting what the reference round accepts
-    (unless `fixed` is False).
+    (unless `fixed` is False); and so must `ddtree_online` (unless `online` is False).
     Returns how many teacher runs at a budget of at least `deep_budget` committed a path of 3 tokens or more
     (the teacher is there to make long paths commit through every layer kind; callers check it did)."""
     ar = decode(target, prompt, method="ar", max_new_tokens=new_tokens)
@@ -56,10 +57,12 @@ def assert_lossless(
                     assert result.acceptance_lengths == reference.acceptance_lengths, (seed, method, budget, name)
         # ddtree_online: each round verifies the first n nodes of the largest budget's tree, n chosen among the
         # budgets from the draft's confidence (the history taken as warm: the choice works from the first round)
-        online = OnlineBudget(max(budgets), tuple(sorted(set(budgets))), min(budgets), lambda n: 1 + n / 16)
-        online.calibration.rounds = WARMUP_ROUNDS
+        if not online:
+            continue
+        policy = OnlineBudget(max(budgets), tuple(sorted(set(budgets))), min(budgets), lambda n: 1 + n / 16)
+        policy.calibration.rounds = WARMUP_ROUNDS
         result = decode_from(target, start, method="ddtree", max_new_tokens=new_tokens, drafter=drafter,
-                             budget=max(budgets), online=online)  # fmt: skip
+                             budget=max(budgets), online=policy)  # fmt: skip
         assert result.tokens == ar.tokens, (seed, "ddtree_online", name)
         assert {size - 1 for size in result.tree_sizes} <= set(budgets), (seed, "ddtree_online", name)
     return deep
