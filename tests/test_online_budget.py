@@ -5,6 +5,7 @@ and every published layout's twin is `tests/lossless.py`'s (it decodes `ddtree_o
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
@@ -14,6 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.online_replay import ReplayRound, _oracle, _rate, record_rounds
+from remote_worker.decoding.loop import decode_from, prefill
 from remote_worker.decoding.online_budget import (
     BINS,
     PRIOR,
@@ -23,17 +26,19 @@ from remote_worker.decoding.online_budget import (
     depth_bucket,
     probability_bin,
 )
-from remote_worker.decoding.tree_build import best_first_tree, prefix_tree
+from remote_worker.decoding.tree_build import Growth, best_first_tree, grow_best_first, prefix_tree
 from remote_worker.events import EventLog
 from remote_worker.experiments.ddtree_gdn import run_ddtree_gdn
 from remote_worker.spec import parse_spec
 from tests.specs import decode_spec
+from tests.teacher_drafter import TeacherDrafter
+from tests.tiny_models import random_prompt, tiny
 
 
-def random_tree(seed: int, budget: int, sharp: float) -> object:
+def random_tree(seed: int, budget: int, sharp: float) -> Growth:
     generator = torch.Generator().manual_seed(seed)
     logits = torch.randn(15, 64, generator=generator) * sharp
-    return best_first_tree(7, logits, budget)
+    return grow_best_first(7, logits, budget)
 
 
 def test_the_largest_trees_prefix_is_the_tree_of_the_smaller_budget() -> None:
@@ -42,10 +47,12 @@ def test_the_largest_trees_prefix_is_the_tree_of_the_smaller_budget() -> None:
         logits = torch.randn(15, 64, generator=generator) * (1 + seed % 4)
         large = best_first_tree(3, logits, 96)
         for budget in (1, 5, 17, 64, 96):
-            small, cut = best_first_tree(3, logits, budget), prefix_tree(large, budget)
-            assert cut.tree.tokens.tolist() == small.tree.tokens.tolist()
-            assert cut.tree.parents.tolist() == small.tree.parents.tolist()
-            assert cut.scores == small.scores and cut.ranks == small.ranks and cut.children == small.children
+            small = best_first_tree(3, logits, budget)
+            for cut in (prefix_tree(large, budget), grow_best_first(3, logits, 96).first(budget)):
+                assert cut.tree.tokens.tolist() == small.tree.tokens.tolist()
+                assert cut.tree.parents.tolist() == small.tree.parents.tolist()
+                assert cut.tree.depths.tolist() == small.tree.depths.tolist()
+                assert cut.scores == small.scores and cut.ranks == small.ranks and cut.children == small.children
 
 
 def test_the_chosen_budget_is_always_one_of_the_sizes_and_the_fast_choice_is_the_naive_one() -> None:
@@ -55,15 +62,14 @@ def test_the_chosen_budget_is_always_one_of_the_sizes_and_the_fast_choice_is_the
         slope, fixed_ms = rng.uniform(0, 0.2), rng.uniform(0.5, 5)
         online = OnlineBudget(64, sizes, sizes[0], lambda n, s=slope, f=fixed_ms: f + s * n)
         for _ in range(rng.randint(0, 3)):  # some history, some of it wrong
-            tree = random_tree(rng.randrange(10**6), 64, rng.uniform(0.5, 6))
-            online.observe(tree, [0, *range(1, rng.randint(1, 4))])
+            tree = random_tree(rng.randrange(10**6), 64, rng.uniform(0.5, 6)).first(rng.choice(sizes))
+            online.observe(tree, tree.tree.path_to(rng.randrange(tree.tree.size)))
         online.calibration.rounds += WARMUP_ROUNDS
         tree = random_tree(case, rng.choice([8, 40, 64]), rng.uniform(0.5, 6))
         chosen = online.choose(tree)
         assert chosen == online.choose_naive(tree)
-        grown = tree.tree.size - 1
-        assert chosen in sizes or (chosen == grown and grown < sizes[0])
-        assert chosen <= grown
+        assert chosen in sizes or (chosen == tree.nodes and tree.nodes < sizes[0])
+        assert chosen <= tree.nodes
 
 
 def test_a_fixed_budget_until_the_history_and_the_costs_exist() -> None:
@@ -81,37 +87,53 @@ def test_a_fixed_budget_until_the_history_and_the_costs_exist() -> None:
 
 def test_calibration_converges_to_a_drafter_whose_confidences_are_known() -> None:
     """A synthetic drafter that is right as often as it says near the root and overconfident deep down (at
-    depth d >= 4 a node it predicts at p is accepted with probability p / 2): the calibrated probabilities
-    converge to the true ones, within the binomial error of each bin's observations."""
+    depth d >= 4 a step it guesses at q is accepted with probability q / 2): the calibrated chances converge
+    to the true ones, within the binomial error of each bin's observations."""
     rng = random.Random(7)
 
-    def truth(p: float, depth: int) -> float:
-        return p if depth < 4 else p / 2
+    def truth(q: float, depth: int) -> float:
+        return q if depth < 4 else q / 2
 
     calibration = Calibration()
     true_sum: dict[tuple[int, int], float] = {}
+    seen: dict[tuple[int, int], int] = {}
     for _ in range(4000):
-        probabilities = [rng.random() for _ in range(12)]
+        guesses = [rng.random() for _ in range(12)]
         depths = [rng.randint(1, 10) for _ in range(12)]
-        accepted = {
-            i for i, (p, d) in enumerate(zip(probabilities, depths, strict=True), 1) if rng.random() < truth(p, d)
-        }
-        calibration.observe(probabilities, depths, accepted)
-        for p, d in zip(probabilities, depths, strict=True):
-            key = (depth_bucket(d), probability_bin(p))
-            true_sum[key] = true_sum.get(key, 0.0) + truth(p, d)
-    for key, seen in calibration.seen.items():
-        p_mid = (key[1] + 0.5) / BINS
+        accepted = [rng.random() < truth(q, d) for q, d in zip(guesses, depths, strict=True)]
+        calibration.observe(guesses, depths, accepted)
+        for q, d in zip(guesses, depths, strict=True):
+            key = (depth_bucket(d), probability_bin(q))
+            true_sum[key] = true_sum.get(key, 0.0) + truth(q, d)
+            seen[key] = seen.get(key, 0) + 1
+    assert sum(calibration.seen) == 4000 * 12 and calibration.rounds == 4000
+    for key, count in seen.items():
+        q_mid = (key[1] + 0.5) / BINS
         depth = (1, 2, 3, 4, 6, 9)[key[0]]
-        expected = true_sum[key] / seen  # the mean true probability of the nodes the bin saw
-        # 5 standard errors of a share of `seen` draws, and the prior's pull toward p (at most PRIOR / seen)
-        bound = 5 * math.sqrt(0.25 / seen) + PRIOR / (seen + PRIOR)
-        assert abs(calibration.calibrated(p_mid, depth) - expected) <= bound, (key, seen)
+        expected = true_sum[key] / count  # the mean true chance of the steps the bin saw
+        # 5 standard errors of a share of `count` draws, and the prior's pull toward q (at most PRIOR / count)
+        bound = 5 * math.sqrt(0.25 / count) + PRIOR / (count + PRIOR)
+        assert abs(calibration.calibrated(q_mid, depth) - expected) <= bound, (key, count)
     deep_sure = calibration.calibrated(0.95, 6)
     assert deep_sure < 0.6  # overconfidence corrected: the raw 0.95 is far off
     curve = calibration.as_record()
     assert {row["depths"] for row in curve} == {"1", "2", "3", "4-5", "6-8", "9+"}
     assert all(0 <= row["accepted"] <= 1 and row["nodes"] > 0 for row in curve)
+
+
+def test_a_round_teaches_only_the_steps_whose_parent_was_accepted() -> None:
+    """The accepted path 0 → 1 → 3: the root's children and node 1's children are steps the target judged;
+    a child of a rejected node says nothing (its parent never was accepted)."""
+    grown = random_tree(3, 24, 2.0)
+    draft = grown.first(24)
+    parents = draft.tree.parents.tolist()
+    path = draft.tree.path_to(max(i for i in range(1, 25) if draft.tree.depths[i] == 2))
+    online = OnlineBudget(64, (8, 24), 8)
+    online.observe(draft, path)
+    judged = [i for i in range(1, 25) if parents[i] in path]
+    assert sum(online.calibration.seen) == len(judged) < 24
+    assert sum(online.calibration.accepted) == len(path) - 1
+    assert online.verified == {24: 1}
 
 
 @pytest.mark.parametrize(
@@ -153,3 +175,44 @@ def test_a_decode_run_reports_ddtree_online_like_every_method(tmp_path: Path, te
     }
     assert histogram == {n: float(count) for n, count in rounds.items()}
     assert record["calibration"] and all(0 <= row["accepted"] <= 1 for row in record["calibration"])
+
+
+def _round(path: list[int]) -> ReplayRound:
+    return ReplayRound(random_tree(0, 8, 1.0), path)
+
+
+def test_the_replays_oracle_is_the_best_assignment_of_budgets_to_rounds() -> None:
+    """`_oracle` (Dinkelbach over per-round choices) equals the brute-force best tokens per millisecond over
+    every assignment of sizes to rounds, and is never below a fixed budget's."""
+    rng = random.Random(3)
+    sizes = (1, 2, 4, 8)
+    for _ in range(40):
+        rounds = [_round([0, *sorted(rng.sample(range(1, 9), rng.randint(0, 4)))]) for _ in range(4)]
+        slope = rng.uniform(0.01, 2)
+        cost = lambda n, s=slope: 1 + s * n  # noqa: E731
+        brute = max(
+            sum(r.accepted(n) + 1 for r, n in zip(rounds, chosen, strict=True)) / sum(cost(n) for n in chosen)
+            for chosen in itertools.product(sizes, repeat=len(rounds))
+        )
+        assert _oracle(rounds, sizes, cost) == pytest.approx(brute, rel=1e-12)
+        assert all(_oracle(rounds, sizes, cost) >= _rate(rounds, [n] * 4, cost) for n in sizes)
+
+
+@pytest.mark.worker
+def test_a_replayed_round_accepts_what_a_round_at_each_budget_accepts() -> None:
+    """The replay's premise (the prefix property at T = 0): a round recorded at the largest budget tells what a
+    round at any smaller budget accepts from the same state. Each record's first round, decoded for real at
+    every budget, accepts `accepted(budget)` drafted tokens."""
+    target, _ = tiny("tiny_hybrid", "float32")
+    checked = 0
+    for seed in range(3):
+        prompt = random_prompt(seed)
+        ar = decode_from(target, prefill(target, prompt), method="ar", max_new_tokens=24)
+        teacher = TeacherDrafter(prompt.tolist() + ar.tokens, target.embed.num_embeddings, 8, seed)
+        first = record_rounds(target, teacher, [prompt], 16, 0.0, 24)[0]
+        for budget in (1, 2, 3, 5, 8, 16):
+            result = decode_from(target, prefill(target, prompt, teacher), method="ddtree", budget=budget,
+                                 drafter=teacher, max_new_tokens=24)  # fmt: skip
+            assert result.acceptance_lengths[0] == first.accepted(budget), (seed, budget)
+            checked += first.accepted(budget) >= 2
+    assert checked  # some round accepted a path of two tokens or more

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from remote_worker.cache.tree import Tree
-from remote_worker.decoding.tree_build import best_first_tree, chain_tree
+from remote_worker.decoding.tree_build import best_first_tree, chain_tree, ranked_candidates, top_candidates
 from remote_worker.probes.hybrid_cache_check import check_hybrid_cache
 from tests.rounding import model_bound, own_forward_bound
 from tests.tiny_models import TINY_MODELS, random_prompt, tiny
@@ -137,3 +137,24 @@ def test_tied_scores_pop_in_the_papers_order() -> None:
     draft = best_first_tree(root=0, logits=logits.float(), budget=5)
     assert [int(d) for d in draft.tree.depths] == [0, 1, 1, 1, 2, 2]
     assert [int(p) for p in draft.tree.parents] == [-1, 0, 0, 0, 1, 1]
+
+
+@pytest.mark.parametrize("kind", ["distinct", "bfloat16", "integers"])
+def test_the_fast_candidates_are_the_tie_rules_candidates(kind: str) -> None:
+    """`top_candidates` takes `topk`'s own order where a row has no tie at its top, and the tie rule's
+    (`ranked_candidates`) elsewhere: the same ids in the same order and the same log-probabilities as the rule
+    gives every row, with few ties (float32), many (bfloat16) or nearly only ties (small integers)."""
+    generator = torch.Generator().manual_seed(5)
+    for case in range(30):
+        vocab = (17, 64, 300)[case % 3]
+        logits = torch.randn(9, vocab, generator=generator) * (1 + case % 5)
+        if kind == "bfloat16":
+            logits = logits.bfloat16()
+        elif kind == "integers":
+            logits = logits.round().clamp(-3, 3)
+        for width in (1, 4, 16, vocab):
+            log_probs, ids = top_candidates(logits, width)
+            values, rule_ids = ranked_candidates(logits.float(), width)
+            rule_log_probs = values - torch.logsumexp(logits.float(), dim=-1, keepdim=True)
+            assert ids == rule_ids.tolist(), (kind, case, width)
+            assert log_probs == rule_log_probs.tolist(), (kind, case, width)

@@ -26,7 +26,7 @@ from remote_worker.cache.tree import Tree
 from remote_worker.decoding.emission import emit_round
 from remote_worker.decoding.fixed_prefill import FixedPrefill
 from remote_worker.decoding.fixed_round import FixedRound, choose, collect_margins, run_rounds
-from remote_worker.decoding.tree_build import DraftTree, best_first_tree, chain_tree, prefix_tree
+from remote_worker.decoding.tree_build import DraftTree, best_first_tree, chain_tree, grow_best_first
 from remote_worker.models.target import TargetModel
 
 if TYPE_CHECKING:  # `online_budget` reads node costs, which decode with this module
@@ -208,10 +208,11 @@ def decode_from(
             with timer.stage("tree_build"):
                 if method == "dflash":
                     draft = chain_tree(root, logits, drafter.block_size - 1)
+                elif online is not None:  # grown to the largest budget, assembled at the chosen one
+                    grown = grow_best_first(root, logits, budget)
+                    draft = grown.first(online.choose(grown))
                 else:
                     draft = best_first_tree(root, logits, budget)
-                    if online is not None:
-                        draft = prefix_tree(draft, online.choose(draft))
         with timer.stage("verify"):
             output = target.verify(cache, draft.tree, feature_layers)
             chosen = choose(output.logits, temperature, generator)
