@@ -16,6 +16,8 @@ import pytest
 import torch
 
 from bench.online_replay import ReplayRound, _oracle, _rate, record_rounds
+from orchestrator.tracking.job_summary import online_line, summarize
+from orchestrator.tracking.plots import plot_decode_summary
 from remote_worker.decoding.loop import decode_from, prefill
 from remote_worker.decoding.online_budget import (
     BINS,
@@ -175,6 +177,31 @@ def test_a_decode_run_reports_ddtree_online_like_every_method(tmp_path: Path, te
     }
     assert histogram == {n: float(count) for n, count in rounds.items()}
     assert record["calibration"] and all(0 <= row["accepted"] <= 1 for row in record["calibration"])
+    # set against the fixed budget that decoded fastest (one pass: the ratio of the two speeds), said plainly
+    fastest = max((scopes[s] for s in ("ddtree_tb4", "ddtree_tb16")), key=lambda m: m["tokens_per_s"])
+    assert online["best_fixed_budget"] == fastest["tree_budget"]
+    assert online["speedup_vs_best_fixed"] == pytest.approx(online["tokens_per_s"] / fastest["tokens_per_s"])
+    assert "speedup_vs_best_fixed_ci_low" not in online  # two prompts: no interval
+    description = summarize(summary, "job").markdown
+    said = (f"**DDTree-online** ran ×{online['speedup_vs_best_fixed']:.2f} the speed of DDTree-"
+            f"{fastest['tree_budget']}, the fastest fixed budget here (picked after the fact): too few prompts to "
+            "tell (an interval needs 5).")  # fmt: skip
+    assert said in description.splitlines()
+    plots = {path.name: path for path in plot_decode_summary(run_dir / "decode_summary.json", tmp_path)}
+    assert plots["ddtree_online.png"].stat().st_size > 10_000
+
+
+def test_the_online_line_says_ahead_or_behind_only_beyond_the_interval() -> None:
+    def line(low: float, high: float) -> str:
+        method = {"method": "ddtree_online", "speedup_vs_best_fixed": (low + high) / 2, "best_fixed_budget": 32.0,
+                  "speedup_vs_best_fixed_ci_low": low, "speedup_vs_best_fixed_ci_high": high}  # fmt: skip
+        return online_line([method])
+
+    assert line(0.91, 1.03).endswith("(0.91–1.03) the speed of DDTree-32, the fastest fixed budget here (picked "
+                                     "after the fact): level with it within the 95 % interval.")  # fmt: skip
+    assert line(0.85, 0.95).endswith("behind it beyond the 95 % interval.")
+    assert line(1.02, 1.10).endswith("ahead of it beyond the 95 % interval.")
+    assert online_line([{"method": "ddtree", "speedup_vs_best_fixed": 1.0}]) == ""
 
 
 def _round(path: list[int]) -> ReplayRound:

@@ -237,3 +237,44 @@ def test_a_two_phase_dataset_shows_the_chosen_budget_ar_predicted_and_a_faster_p
     ) in page
     assert "DDTree at the budget chosen before it was measured (two phases)" in page
     assert "DDTree at its chosen budget" in terminal_lines([entry], "m")[0]
+
+
+def test_ddtree_online_gets_a_column_beside_the_best_budget_and_its_ratio_to_it(tmp_path: Path) -> None:
+    """A grid job that decoded `ddtree_online` (`decode.online_budget=true`): the page has a DDTree-online column
+    per temperature, its speed over the best budget's on the same records with the 95 % interval (`vs best`);
+    the CSV a row per cell; the terminal a line per temperature under its 80-column table. A job without it
+    keeps the table as it was."""
+
+    def job(dataset: str, t: float, online: float) -> JobRecords:
+        records = [
+            record(f"{dataset}-{i}", (8.0, 8), dflash=(2.0, 8, 4.0), ddtree_tb32=(1.0 + 0.01 * i, 8, 7.0),
+                   ddtree_tb64=(1.5, 8, 8.0), ddtree_online=(online + 0.01 * i, 8, 7.5))
+            for i in range(6)
+        ]  # fmt: skip
+        return JobRecords(dataset, t, "qwen3_6_27b", records)
+
+    found = entries([job("gsm8k", 0.0, 1.25), job("mbpp", 0.0, 0.8), job("gsm8k", 1.0, 1.0)])
+    gsm8k = found[0]
+    assert gsm8k.online is not None and gsm8k.online.speedup == pytest.approx(8.0 / 1.275 * 6 / 6, rel=1e-9)
+    assert gsm8k.online_vs_best is not None and gsm8k.ddtree is not None and gsm8k.ddtree.budget == 32
+    # the best budget's time over online's, summed over the same records: 6.15 / 7.65
+    assert gsm8k.online_vs_best.speedup == pytest.approx(6.15 / 7.65)
+    assert gsm8k.online_vs_best.speedup_ci is not None and gsm8k.online_vs_best.speedup_ci.high < 1
+    page = plain_markdown(markdown(found, "qwen3_6_27b")).splitlines()
+    assert page[2] == ("| dataset | T=0 DFlash | T=0 DDTree | T=0 DDTree-online | T=1 DFlash | T=1 DDTree | "
+                       "T=1 DDTree-online | best budget |")  # fmt: skip
+    row = next(line for line in page if line.startswith("| gsm8k |"))
+    assert f"· vs best ×{6.15 / 7.65:.2f} (" in row
+    assert any(line.startswith("DDTree-online: DDTree with a budget per round") for line in page)
+    write_csv(found, "qwen3_6_27b", tmp_path / "t.csv")
+    methods = [r["method"] for r in csv.DictReader((tmp_path / "t.csv").open())]
+    assert methods.count("ddtree_online") == 3
+    lines = terminal_lines(found, "qwen3_6_27b")
+    assert max(len(line) for line in lines) <= 80, "\n".join(lines)
+    assert lines[-2:] == [
+        f"DDTree-online T=0: ×{statistics.fmean([6.15 / 7.65, 6.15 / 4.95]):.2f} of the best budget (2 sets: 1 "
+        "ahead, 1 behind)",
+        f"DDTree-online T=1: ×{6.15 / 6.15:.2f} of the best budget (1 set: 0 ahead, 0 behind)",
+    ]
+    plain = entries([JobRecords("gsm8k", 0.0, "qwen3_6_27b", [record("g-0", (8.0, 8), ddtree_tb32=(1.0, 8, 7.0))])])
+    assert "DDTree-online" not in markdown(plain, "qwen3_6_27b") and plain[0].online is None

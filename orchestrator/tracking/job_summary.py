@@ -65,6 +65,10 @@ CSV_KEYS = (
     "speedup_vs_dflash",
     "speedup_vs_dflash_ci_low",
     "speedup_vs_dflash_ci_high",
+    "speedup_vs_best_fixed",
+    "speedup_vs_best_fixed_ci_low",
+    "speedup_vs_best_fixed_ci_high",
+    "best_fixed_budget",
     "tpot_ms",
     "prefill_ms",
     "ttft_ms",
@@ -104,6 +108,9 @@ def summarize(document: dict[str, Any], title: str) -> JobSummary:
     budget = budget_line(document)
     if budget:
         lines += [budget, ""]
+    online = online_line(methods)
+    if online:
+        lines += [online, ""]
     lines += [f"**{title}**", ""]
     body = [[str(m.get("scope", "?")), *(cell(m, key, form) for _name, key, form in columns)] for m in methods]
     lines += markdown_table(["method", *(c[0] for c in columns)], body)
@@ -172,6 +179,30 @@ def answer(methods: list[dict[str, Any]]) -> str:
             text += ", lossless" if method["lossless"] == 1 else f", lossless {method['lossless']:.2f}"
         parts.append(text)
     return " · ".join(parts) or "No drafting method ran: nothing to compare with AR."
+
+
+def online_line(methods: list[dict[str, Any]]) -> str:
+    """Where `ddtree_online` ran, how it did against the fixed budget that decoded fastest on the same prompts,
+    said plainly, ahead or behind only beyond the 95 % interval: `**DDTree-online** ran ×0.97 (0.91–1.03) the
+    speed of DDTree-32, the fastest fixed budget here (picked after the fact): level with it within the 95 %
+    interval.`"""
+    online = next((m for m in methods if m.get("method") == "ddtree_online" and _has(m, "speedup_vs_best_fixed")), None)
+    if online is None:
+        return ""
+    ratio = online["speedup_vs_best_fixed"]
+    best = f"DDTree-{int(online.get('best_fixed_budget', 0))}"
+    text = f"**DDTree-online** ran ×{ratio:.2f}"
+    if _has(online, ("speedup_vs_best_fixed_ci_low", "speedup_vs_best_fixed_ci_high")):
+        low, high = online["speedup_vs_best_fixed_ci_low"], online["speedup_vs_best_fixed_ci_high"]
+        verdict = (
+            "ahead of it beyond the 95 % interval" if low > 1
+            else "behind it beyond the 95 % interval" if high < 1
+            else "level with it within the 95 % interval"
+        )  # fmt: skip
+        text += f" ({low:.2f}–{high:.2f})"
+    else:
+        verdict = f"too few prompts to tell (an interval needs {MIN_PROMPTS})"
+    return f"{text} the speed of {best}, the fastest fixed budget here (picked after the fact): {verdict}."
 
 
 def method_note(method: dict[str, Any], title: str) -> str:

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from remote_worker.wording import counted
+
 if TYPE_CHECKING:
     import matplotlib.pyplot as plt
 
@@ -44,7 +46,7 @@ def plot_decode_summary(summary_file: Path, out_dir: Path) -> list[Path]:
     summary = json.loads(summary_file.read_text(encoding="utf-8"))
     methods = summary["methods"]
     trees = sorted((m for m in methods if m["method"] == "ddtree"), key=lambda m: m["tree_budget"])
-    reference = {m["method"]: m for m in methods if m["method"] in ("ar", "dflash")}
+    reference = {m["method"]: m for m in methods if m["method"] in ("ar", "dflash", "ddtree_online")}
     context = _context(summary)
     figures = []
 
@@ -61,6 +63,9 @@ def plot_decode_summary(summary_file: Path, out_dir: Path) -> list[Path]:
             axis.plot(budgets, values, "o-", label="DDTree")
         if "dflash" in reference:
             axis.axhline(reference["dflash"][key], linestyle="--", color="tab:orange", label="DFlash")
+        if key in reference.get("ddtree_online", {}):
+            axis.axhline(reference["ddtree_online"][key], linestyle="-.", color="tab:green",
+                         label="DDTree-online (a budget per round)")  # fmt: skip
         axis.axhline(1.0, linestyle=":", color="grey", label="AR (= 1)")
         budget_axis(axis, budgets)
         axis.set_ylabel(label)
@@ -86,7 +91,48 @@ def plot_decode_summary(summary_file: Path, out_dir: Path) -> list[Path]:
         figures.append(save_figure(draw_budget_curve(summary), out_dir / "budget_curve.png"))
     if drawn_profiles(summary):
         figures.append(save_figure(draw_acceptance_profiles(summary), out_dir / "acceptance_depth_rank.png"))
+    for scope, policy in (summary.get("online_budget") or {}).items():
+        if policy and policy.get("rounds_at_budget"):
+            figures.append(save_figure(draw_online_budget(summary, scope, policy), out_dir / f"{scope}.png"))
     return figures
+
+
+def draw_online_budget(summary: dict, scope: str, policy: dict) -> plt.Figure:
+    """`ddtree_online`'s rounds: the share that verified each budget (the fastest fixed budget of the run
+    marked), and its calibration curve, per depth: the drafter's guess for a step against the share of such
+    steps accepted (on the diagonal: calibrated; below it: overconfident), each point sized by its nodes."""
+    plt = pyplot()
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(VIEWER_WIDTH_IN, 7.6))
+    counts = {int(n): int(c) for n, c in policy["rounds_at_budget"].items()}
+    total = sum(counts.values()) or 1
+    sizes = sorted(set(counts) | {int(n) for n in policy.get("sizes", [])})
+    top.bar([str(n) for n in sizes], [counts.get(n, 0) / total for n in sizes], color="tab:green")
+    method = next((m for m in summary.get("methods", []) if m.get("scope") == scope), {})
+    best = method.get("best_fixed_budget")
+    title = f"{counted(total, 'round')} · the tree grown to {policy.get('largest')} each round"
+    if best is not None and f"{int(best)}" in [str(n) for n in sizes]:
+        top.axvline(sizes.index(int(best)), linestyle=":", color="grey", label=f"fastest fixed budget ({int(best)})")
+        top.legend(fontsize="small", loc="best")
+    if "speedup_vs_best_fixed" in method:
+        title += f" · ×{method['speedup_vs_best_fixed']:.2f} its speed"
+    top.set_title(title, fontsize="small")
+    top.set_xlabel("budget verified (nodes)")
+    top.set_ylabel("share of rounds")
+    curve = policy.get("calibration") or []
+    bottom.plot([0, 1], [0, 1], linestyle=":", color="grey", label="calibrated")
+    for depths in dict.fromkeys(row["depths"] for row in curve):
+        rows = [row for row in curve if row["depths"] == depths]
+        bottom.plot([r["predicted"] for r in rows], [r["accepted"] for r in rows], "-", alpha=0.5)
+        bottom.scatter([r["predicted"] for r in rows], [r["accepted"] for r in rows],
+                       s=[8 + 60 * min(r["nodes"], 400) / 400 for r in rows], label=f"depth {depths}")  # fmt: skip
+    bottom.set_xlim(0, 1)
+    bottom.set_ylim(0, 1)
+    bottom.set_xlabel("drafter's guess for a step (mean in its bin)")
+    bottom.set_ylabel("share of such steps accepted")
+    bottom.legend(fontsize="small", loc="upper left", ncols=2)
+    fig.suptitle(f"DDTree-online · {_context(summary)}", fontsize="medium")
+    fig.tight_layout()
+    return fig
 
 
 def draw_budget_curve(summary: dict) -> plt.Figure:

@@ -24,6 +24,7 @@ from orchestrator.sweep.paper.ar_prediction import ArCheck, ar_times
 from orchestrator.sweep.paper.figures import Cell, Record, best_ddtree, cell, ddtree_scopes, merge, read_records
 from orchestrator.tracking.markdown_table import NBSP, markdown_table, unbreakable
 from remote_worker.decoding.figure_rules import Interval
+from remote_worker.wording import counted
 
 DATASETS = ("gsm8k", "math500", "aime24", "aime25", "humaneval", "mbpp", "livecodebench", "swe-bench", "mt-bench",
             "alpaca")  # fmt: skip
@@ -88,6 +89,8 @@ class Entry:
     measured: dict[int, Cell] = field(default_factory=dict)  # each decoded budget's own cell, beside the curve's
     curve_withheld: tuple[str, ...] = ()  # why a job's curve was left out (a decode shorter than a draft block)
     two_phase: TwoPhase | None = None  # how the two-phase protocol made the cells (None: every record decoded all)
+    online: Cell | None = None  # `ddtree_online` (a budget per round), where every record decoded it
+    online_vs_best: Cell | None = None  # its speed over DDTree's best budget's on the same records (`speedup`)
 
 
 @dataclass(frozen=True)
@@ -144,11 +147,18 @@ def entries(jobs: Sequence[JobRecords]) -> list[Entry]:
         complete = [r for r in records if "ar" in r.methods]
         dflash = cell(complete, "dflash") if complete and all("dflash" in r.methods for r in complete) else None
         measured = {b: cell(complete, scope, b) for scope, b in ddtree_scopes(complete).items()} if complete else {}
-        found.append(
-            Entry(dataset, temperature, len(complete), dflash, best_ddtree(complete), curve, len(group), measured,
-                  withheld)
-        )  # fmt: skip
+        best = best_ddtree(complete)
+        entry = Entry(dataset, temperature, len(complete), dflash, best, curve, len(group), measured, withheld)
+        if best is not None and all(ONLINE in r.methods for r in complete):
+            entry.online = cell(complete, ONLINE)
+            entry.online_vs_best = cell(
+                complete, ONLINE, ar=[r.methods[best.method].seconds_per_token for r in complete]
+            )
+        found.append(entry)
     return found
+
+
+ONLINE = "ddtree_online"  # a grid job's DDTree with a budget per round (`decode.online_budget=true`)
 
 
 CHOSEN = "ddtree_chosen"  # a two-phase record's decode at the budget its job chose, whichever that was
@@ -231,11 +241,24 @@ def _datasets(found: Sequence[Entry], missing: Sequence[Missing]) -> list[str]:
     return sorted(named, key=_order)
 
 
-def _means(found: Sequence[Entry], temperatures: Sequence[float]) -> list[tuple[int, float, float] | None]:
+def _methods(found: Sequence[Entry]) -> tuple[str, ...]:
+    """The table's methods (`Entry` attributes): DFlash and DDTree, and DDTree-online where a job decoded it."""
+    return ("dflash", "ddtree", "online") if any(e.online for e in found) else ("dflash", "ddtree")
+
+
+def _versus_best(c: Cell) -> str:
+    """`vs best ×0.97 (0.93–1.01)`: DDTree-online's speed over DDTree's best budget's on the same records."""
+    interval = f" ({c.speedup_ci.low:.2f}–{c.speedup_ci.high:.2f})" if c.speedup_ci else ""
+    return unbreakable(f"vs best ×{c.speedup:.2f}{interval}")
+
+
+def _means(
+    found: Sequence[Entry], temperatures: Sequence[float], methods: Sequence[str] = ("dflash", "ddtree")
+) -> list[tuple[int, float, float] | None]:
     """Per (temperature, method): (how many datasets, mean speedup, mean tau), or None where none has a cell."""
     means = []
     for t in temperatures:
-        for method in ("dflash", "ddtree"):
+        for method in methods:
             chosen = [getattr(e, method) for e in found if e.temperature == t and getattr(e, method)]
             means.append(
                 (len(chosen), statistics.fmean(c.speedup for c in chosen), statistics.fmean(c.tau for c in chosen))
@@ -259,21 +282,26 @@ def markdown(found: Sequence[Entry], model: str, missing: Sequence[Missing] = ()
     by_key = {(e.dataset, e.temperature): e for e in found}
     failed = {(m.dataset, m.temperature): m.reason for m in missing}
     budget = "best budget" if all(e.two_phase is None for e in found) else "budget"  # chosen, for two phases
-    head = ["dataset", *(f"T={t:g} {m}" for t in temperatures for m in ("DFlash", "DDTree")), budget]
+    methods = _methods(found)
+    names = {"dflash": "DFlash", "ddtree": "DDTree", "online": "DDTree-online"}
+    head = ["dataset", *(f"T={t:g} {names[m]}" for t in temperatures for m in methods), budget]
     rows = []
     for dataset in _datasets(found, missing):
         cells, budgets = [], []
         for t in temperatures:
             entry = by_key.get((dataset, t))
-            for method in ("dflash", "ddtree"):
+            for method in methods:
                 c = getattr(entry, method) if entry else None
                 if c is None and (dataset, t) in failed:
                     cells.append(_failed(failed[(dataset, t)]) if method == "dflash" else "")
                     continue
-                cells.append(_figure(c) + (_paper(paper.get((paper_model, dataset, t, method))) if c else ""))
+                text = _figure(c) + (_paper(paper.get((paper_model, dataset, t, method))) if c else "")
+                if method == "online" and entry and entry.online_vs_best:
+                    text += f"{NBSP}· {_versus_best(entry.online_vs_best)}"
+                cells.append(text)
             budgets.append(str(entry.ddtree.budget) if entry and entry.ddtree else "–")
         rows.append([dataset, *cells, " / ".join(budgets)])
-    means = _means(found, temperatures)
+    means = _means(found, temperatures, methods)
     rows.append(
         [
             f"**mean of {_sets_counted(means, 'dataset')}**",
@@ -366,7 +394,22 @@ def terminal_lines(found: Sequence[Entry], model: str, missing: Sequence[Missing
     which = "its best budget" if all(e.two_phase is None for e in found) else "its chosen budget"
     text = [f"The paper's table: {model} (speedup vs AR, τ; DDTree at {which})", over.rstrip()]
     text += [line(row) for row in [head, *rows]]
-    return text
+    return text + online_lines(found)
+
+
+def online_lines(found: Sequence[Entry]) -> list[str]:
+    """Per temperature, DDTree-online over DDTree at its best budget, in a line of under 80 columns: the mean
+    ratio and in how many sets it was ahead or behind beyond the 95 % interval (the terminal's table has no
+    room for a column): `DDTree-online T=0: ×0.97 of the best budget (10 sets: 0 ahead, 3 behind)`."""
+    lines = []
+    for t in sorted({e.temperature for e in found if e.online_vs_best}):
+        ratios = [e.online_vs_best for e in found if e.temperature == t and e.online_vs_best]
+        ahead = sum(1 for c in ratios if c.speedup_ci and c.speedup_ci.low > 1)
+        behind = sum(1 for c in ratios if c.speedup_ci and c.speedup_ci.high < 1)
+        mean = statistics.fmean(c.speedup for c in ratios)
+        lines.append(f"DDTree-online T={t:g}: ×{mean:.2f} of the best budget ({counted(len(ratios), 'set')}: "
+                     f"{ahead} ahead, {behind} behind)")  # fmt: skip
+    return lines
 
 
 def _curve_lines(found: Sequence[Entry]) -> list[str]:
@@ -423,6 +466,12 @@ def _reading(found: Sequence[Entry], paper_model: str | None) -> list[str]:
         "intervals over records (none under 5 records). A final round cut by the token limit counts the tokens it "
         "kept (the paper's counts its whole acceptance)."
     ]
+    if any(e.online for e in found):
+        lines.append(
+            "DDTree-online: DDTree with a budget per round, chosen from the drafter's calibrated confidence and the "
+            "run's measured costs (docs/decoding.md); `vs best` is its speed over DDTree's best budget's on the same "
+            "records (that budget picked after the fact, which favours it), with its 95 % interval."
+        )
     if paper_model:
         lines.append(
             f"`paper` is the DDTree paper's own figure for {paper_model} (github.com/liranringel/ddtree "
@@ -439,7 +488,7 @@ def write_csv(found: Sequence[Entry], model: str, path: Path) -> None:
         writer = csv.writer(f)
         writer.writerow(CSV_COLUMNS)
         for e in found:
-            for method, c in (("dflash", e.dflash), ("ddtree", e.ddtree)):
+            for method, c in (("dflash", e.dflash), ("ddtree", e.ddtree), (ONLINE, e.online)):
                 if c is None:
                     continue
                 ours = paper.get((paper_model, e.dataset, e.temperature, method)) if paper_model else None
