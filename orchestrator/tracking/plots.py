@@ -91,10 +91,13 @@ def plot_decode_summary(summary_file: Path, out_dir: Path) -> list[Path]:
         figures.append(save_figure(draw_budget_curve(summary), out_dir / "budget_curve.png"))
     if drawn_profiles(summary):
         figures.append(save_figure(draw_acceptance_profiles(summary), out_dir / "acceptance_depth_rank.png"))
-    for scope, policy in (summary.get("online_budget") or {}).items():
-        if policy and policy.get("rounds_at_budget"):
-            figures.append(save_figure(draw_online_budget(summary, scope, policy), out_dir / f"{scope}.png"))
+    policy = (summary.get("online_budget") or {}).get(ONLINE)  # the one online method: its name, not the file's
+    if isinstance(policy, dict) and policy.get("rounds_at_budget"):
+        figures.append(save_figure(draw_online_budget(summary, ONLINE, policy), out_dir / f"{ONLINE}.png"))
     return figures
+
+
+ONLINE = "ddtree_online"
 
 
 def draw_online_budget(summary: dict, scope: str, policy: dict) -> plt.Figure:

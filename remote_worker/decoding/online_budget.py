@@ -20,15 +20,13 @@ A drafter's guesses are not calibrated (a small drafter is overconfident deep in
 is the draft's probability, not the target's), so each is corrected from the run's own history
 (`Calibration`): per depth and guess bin, how often a node whose parent was accepted was accepted itself,
 shrunk toward the guess where the bin has few observations. Why the step and not the whole path's product:
-a path's product mixes a sure step below an unsure one with the reverse, which a bin cannot tell apart. On the
-trained tiny pair's rounds (every round of a budget-64 decode over the ten paper sets at T = 0 and 1, replayed
-offline with each calibration fitted to the same rounds), choosing on calibrated steps came within a few
-percent of the best fixed budget (×0.99–1.04), where calibrated path products fell to ×0.79–0.94 at
-T = 0 (`bench/online_replay.py`).
+a bin of path products mixes a sure step below an unsure one with the reverse, which the bin cannot tell
+apart; a step's bin holds steps alike, and a deep node's chance stays tied to the steps above it.
 
 Until WARMUP_ROUNDS rounds were seen, or while the host's costs are not measured yet, the round uses a fixed
-budget. The chosen n is always one of `sizes` (on a compiled path: the budgets whose rounds were captured, one
-graph each, so nothing compiles during a decode).
+budget. The chosen n is always one of `sizes`: the run's budgets and the powers of two below the largest, the
+sizes a compiled path would capture, one graph each (it does not decode `ddtree_online` yet: a compiled run
+decodes it with this reference round).
 
 The policy runs every round on the host, between the draft and the verify, so it is plain lists and one pass:
 `choose` accumulates each node's chance from its parent's; `choose_naive` computes every node's chance afresh
