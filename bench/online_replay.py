@@ -10,11 +10,11 @@ otherwise is taken as this one: the replay is a model, not a decode):
 
 - `fixed`: every budget of the sizes, and the best of them after the fact (what the grid reports);
 - `oracle`: the best any per-round choice among the sizes could do on these rounds, knowing each round's
-  outcome (tokens over time maximized over the whole run: per round the n of most tokens − λ · ms, λ the
-  run's rate, iterated to its fixed point);
+  outcome and so growing its tree exactly as far as it verifies (tokens over time maximized over the whole
+  run: per round the n of most tokens − λ · ms, λ the run's rate, iterated to its fixed point);
 - `raw`: the policy on the drafter's own guesses, uncalibrated;
-- `online`: `OnlineBudget` as a decode runs it, learning its calibration round by round from what the chosen
-  tree showed.
+- `online`: `OnlineBudget` as a decode runs it, each round's tree grown as far as it says (`grow_to`), its
+  calibration learned round by round from what the chosen tree showed.
 
 At T > 0 a round's path was sampled at B; a smaller tree would have drawn other samples, so there the replay
 is an estimate of the same expectation, not the same draws.
@@ -22,7 +22,6 @@ is an estimate of the same expectation, not the same draws.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +30,7 @@ import torch
 
 from remote_worker.decoding.loop import DraftTree, decode_from, prefill
 from remote_worker.decoding.node_cost import NodeCosts
-from remote_worker.decoding.online_budget import PRIOR, Calibration, OnlineBudget, online_cost
+from remote_worker.decoding.online_budget import PRIOR, Calibration, OnlineBudget
 from remote_worker.decoding.tree_build import Growth
 
 
@@ -100,32 +99,33 @@ class _Uncalibrated(Calibration):
         return q
 
 
-def _policy(rounds: Sequence[ReplayRound], policy: OnlineBudget, naive: bool = False) -> list[int]:
-    chosen = []
+def _policy(rounds: Sequence[ReplayRound], policy: OnlineBudget, naive: bool = False) -> float:
+    """The policy run over the rounds as a decode runs it (each round's tree grown as far as it says, the
+    choice, then what the verified tree showed): its tokens per millisecond."""
+    tokens = ms = 0.0
     for r in rounds:
-        n = policy.choose_naive(r.grown) if naive else policy.choose(r.grown)
-        chosen.append(n)
-        draft = r.grown.first(n)
-        policy.observe(draft, [node for node in r.path if node <= n])
-    return chosen
+        grown = r.grown.prefix(policy.grow_to())
+        n = policy.choose_naive(grown) if naive else policy.choose(grown)
+        tokens += r.accepted(n) + 1
+        ms += policy._round_ms(n, grown.nodes) if policy.cost_ms is not None else 0.0
+        policy.observe(r.grown.first(n), [node for node in r.path if node <= n])
+    return tokens / ms
 
 
 def replay(rounds: Sequence[ReplayRound], budgets: Sequence[int], costs: NodeCosts) -> dict[str, Any]:
     """The replay's figures on one job's rounds (see the module): tokens/ms of each, and each over the best
     fixed budget."""
     online = OnlineBudget.for_budgets(budgets)
-    largest, sizes = online.largest, online.sizes
-    grown_cost = online_cost(costs, largest)
+    sizes = online.sizes
     fixed = {n: _rate(rounds, [n] * len(rounds), costs.round_ms) for n in sizes}
     best = max(fixed, key=lambda n: fixed[n])
-    online.cost_ms = grown_cost
-    learned = _policy(rounds, online)
-    raw_policy = OnlineBudget(largest, sizes, online.fixed, grown_cost, _Uncalibrated())
-    raw = _policy(rounds, raw_policy, naive=True)  # the naive choice reads `calibrated`, the guess itself here
+    online.measured(costs)
+    raw_policy = OnlineBudget(online.largest, sizes, online.fixed, calibration=_Uncalibrated())
+    raw_policy.measured(costs)
     figures = {
-        "oracle": _oracle(rounds, sizes, grown_cost),
-        "raw": _rate(rounds, raw, grown_cost),
-        "online": _rate(rounds, learned, grown_cost),
+        "oracle": _oracle(rounds, sizes, costs.round_ms),  # each round's tree grown to what it verifies
+        "raw": _policy(rounds, raw_policy, naive=True),  # the naive choice reads `calibrated`: the guess itself
+        "online": _policy(rounds, online),
     }
     return {
         "rounds": len(rounds),
@@ -134,6 +134,5 @@ def replay(rounds: Sequence[ReplayRound], budgets: Sequence[int], costs: NodeCos
         **{f"{name}_vs_best": value / fixed[best] for name, value in figures.items()},
         "prior": PRIOR,
         "calibration": online.calibration.as_record(),
-        "chosen": {str(n): learned.count(n) for n in sizes if learned.count(n)},
-        "mean_log_ratio_online": math.log(figures["online"] / fixed[best]),
+        "chosen": {str(n): count for n, count in sorted(online.verified.items())},
     }

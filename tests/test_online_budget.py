@@ -63,6 +63,9 @@ def test_the_chosen_budget_is_always_one_of_the_sizes_and_the_fast_choice_is_the
         sizes = tuple(sorted(rng.sample([1, 2, 4, 8, 16, 24, 32, 48, 64], rng.randint(1, 5))))
         slope, fixed_ms = rng.uniform(0, 0.2), rng.uniform(0.5, 5)
         online = OnlineBudget(64, sizes, sizes[0], lambda n, s=slope, f=fixed_ms: f + s * n)
+        if case % 2:  # growing costs too: a round's cost depends on how far its tree grew
+            growing = rng.uniform(0, 0.05)
+            online.tree_ms = lambda nodes, g=growing: g * nodes
         for _ in range(rng.randint(0, 3)):  # some history, some of it wrong
             tree = random_tree(rng.randrange(10**6), 64, rng.uniform(0.5, 6)).first(rng.choice(sizes))
             online.observe(tree, tree.tree.path_to(rng.randrange(tree.tree.size)))
@@ -85,6 +88,23 @@ def test_a_fixed_budget_until_the_history_and_the_costs_exist() -> None:
     assert online.choose(tree) == 64
     online.cost_ms = lambda n: 1.0 + n  # nodes cost as much as a round: the fewest
     assert online.choose(tree) == 4
+
+
+def test_a_round_grows_twice_as_far_as_the_last_one_verified() -> None:
+    """`grow_to`: the fixed budget until the policy is ready; then the smallest size of at least twice the last
+    round's budget (the largest where none is): a round that chose the most it could see sees further next."""
+    online = OnlineBudget(64, (4, 16, 32, 64), 16)
+    assert online.grow_to() == 16  # not ready
+    online.cost_ms, online.calibration.rounds = (lambda n: 1.0), WARMUP_ROUNDS
+    assert online.grow_to() == 4  # nothing verified yet: the smallest size
+    tree = random_tree(1, 64, 8.0)
+    for grown, chosen in ((4, 4), (16, 16), (32, 32), (64, 64), (64, 64)):
+        assert online.grow_to() == grown
+        assert online.choose(tree.prefix(grown)) == chosen  # nodes cost nothing: the most it can see
+        online.observe(tree.first(chosen), [0])
+    online.cost_ms = lambda n: 1.0 + n  # nodes cost as much as a round: the fewest
+    assert online.choose(tree.prefix(online.grow_to())) == 4 and online.observe(tree.first(4), [0]) is None
+    assert online.grow_to() == 16  # twice 4 is no size: the next one
 
 
 def test_calibration_converges_to_a_drafter_whose_confidences_are_known() -> None:

@@ -208,8 +208,8 @@ def decode_from(
             with timer.stage("tree_build"):
                 if method == "dflash":
                     draft = chain_tree(root, logits, drafter.block_size - 1)
-                elif online is not None:  # grown to the largest budget, assembled at the chosen one
-                    grown = grow_best_first(root, logits, budget)
+                elif online is not None:  # grown as far as the policy may want, assembled at the chosen size
+                    grown = grow_best_first(root, logits, min(online.grow_to(), budget))
                     draft = grown.first(online.choose(grown))
                 else:
                     draft = best_first_tree(root, logits, budget)

@@ -11,10 +11,14 @@ already knows both sides of that trade:
   (a node counts once: it adds one token exactly when its path is accepted);
 - the host's cost of a round at budget n (`cost_ms`, from the node-cost probe's measurements).
 
-So a round grows the best-first tree to the largest budget B, as a fixed DDTree of B does, and verifies only its
-first n nodes, n maximizing expected tokens over cost. By the prefix property (`tree_build`) those n nodes are
-exactly the tree of budget n, so the round is a DDTree round of budget n: at temperature 0 its tokens are AR's,
-at T > 0 the same exact sample-and-match verification.
+So a round grows the best-first tree as far as the policy may want (`grow_to`: the smallest size of at least
+twice the budget it chose last, at most the largest budget B), and verifies only its first n nodes, n
+maximizing expected tokens over cost. Growing costs too (the heap's pops, on the host): growing to B every
+round, as a fixed DDTree of B does, paid for nodes most rounds never verify; a round that chose the most it
+could see sees at least twice as far next round.
+By the prefix property (`tree_build`) the first n nodes of a tree grown to any size are exactly the tree of
+budget n, so the round is a DDTree round of budget n: at temperature 0 its tokens are AR's, at T > 0 the same
+exact sample-and-match verification.
 
 A drafter's guesses are not calibrated (a small drafter is overconfident deep in the block; at T > 0 a guess
 is the draft's probability, not the target's), so each is corrected from the run's own history
@@ -122,12 +126,14 @@ class OnlineBudget:
     """One method's policy over a run: the budgets it may verify, the fixed one until it knows better, its
     history, and the host's round cost at budget n (None until measured)."""
 
-    largest: int  # the tree each round grows (B)
+    largest: int  # the most a round's tree grows (B)
     sizes: tuple[int, ...]  # the budgets a round may verify, increasing (a compiled path: those captured)
     fixed: int  # the budget before the history and the costs exist
-    cost_ms: Callable[[int], float] | None = None
+    cost_ms: Callable[[int], float] | None = None  # a round at budget n, its tree grown to n (`NodeCosts.round_ms`)
+    tree_ms: Callable[[int], float] | None = None  # growing a tree of n nodes, root included (None: free)
     calibration: Calibration = field(default_factory=Calibration)
     verified: dict[int, int] = field(default_factory=dict)  # budget -> rounds that verified it (every decode's)
+    last: int = 0  # the budget the last round verified (0: none yet)
 
     @classmethod
     def for_budgets(cls, budgets: Sequence[int]) -> OnlineBudget:
@@ -155,9 +161,28 @@ class OnlineBudget:
             raise ValueError(f"the fixed budget {self.fixed} and every size must be among {self.sizes}, at most "
                              f"{self.largest}")  # fmt: skip
 
+    def measured(self, costs: NodeCosts) -> None:
+        """The host's costs as the node-cost probe measured them so far: the choices use them from now on."""
+        self.cost_ms = costs.round_ms
+        self.tree_ms = lambda nodes: interpolate(costs.sizes, costs.tree, nodes)
+
     @property
     def ready(self) -> bool:
         return self.cost_ms is not None and self.calibration.rounds >= WARMUP_ROUNDS
+
+    def grow_to(self) -> int:
+        """How far this round's tree grows: the fixed budget until `ready`, then the smallest size of at least
+        twice the last round's budget (the largest where none is)."""
+        if not self.ready:
+            return self.fixed
+        return next((n for n in self.sizes if n >= 2 * self.last), self.sizes[-1])
+
+    def _round_ms(self, n: int, grown: int) -> float:
+        """A round that verifies n nodes of a tree grown to `grown` nodes (root excluded)."""
+        assert self.cost_ms is not None
+        if self.tree_ms is None:
+            return self.cost_ms(n)
+        return self.cost_ms(n) - self.tree_ms(n + 1) + self.tree_ms(grown + 1)
 
     def _candidates(self, grown: Growth) -> list[int]:
         return [n for n in self.sizes if n <= grown.nodes] or [min(self.sizes[0], grown.nodes)]
@@ -179,7 +204,7 @@ class OnlineBudget:
             chance.append(chance[parent] * step)
             total += chance[-1]
             gains.append(total)
-        return max(candidates, key=lambda n: ((1 + gains[n]) / self.cost_ms(n), -n))
+        return max(candidates, key=lambda n: ((1 + gains[n]) / self._round_ms(n, grown.nodes), -n))
 
     def choose_naive(self, grown: Growth) -> int:
         """`choose`, each node's chance the product of its path's calibrated steps, walked afresh (the reference)."""
@@ -198,7 +223,7 @@ class OnlineBudget:
 
         best, best_value = 0, -1.0
         for n in self._candidates(grown):
-            value = (1 + sum(chance(i) for i in range(1, n + 1))) / self.cost_ms(n)
+            value = (1 + sum(chance(i) for i in range(1, n + 1))) / self._round_ms(n, grown.nodes)
             if value > best_value:
                 best, best_value = n, value
         return best
@@ -215,10 +240,4 @@ class OnlineBudget:
         )
         budget = draft.tree.size - 1
         self.verified[budget] = self.verified.get(budget, 0) + 1
-
-
-def online_cost(costs: NodeCosts, largest: int) -> Callable[[int], float]:
-    """A `ddtree_online` round's milliseconds at budget n, from the node-cost probe: the round of budget n
-    (`NodeCosts.round_ms`) with its tree build at the largest budget, which every online round pays."""
-    grown = interpolate(costs.sizes, costs.tree, largest + 1)
-    return lambda n: costs.round_ms(n) - interpolate(costs.sizes, costs.tree, n + 1) + grown
+        self.last = budget

@@ -123,6 +123,11 @@ class Growth:
         """Drafted nodes (the root excluded)."""
         return len(self.tokens) - 1
 
+    def prefix(self, budget: int) -> Growth:
+        """The growth of budget `budget` (by the prefix property: its first nodes)."""
+        end = min(budget, self.nodes) + 1
+        return Growth(self.tokens[:end], self.parents[:end], self.scores[:end], self.depths[:end], self.ranks[:end])
+
     def first(self, budget: int) -> DraftTree:
         end = min(budget, self.nodes) + 1
         if end == len(self.tokens):

@@ -38,7 +38,7 @@ from remote_worker.decoding.comparison import Method, PromptRun, Settings, metho
 from remote_worker.decoding.compile_cache import CompileCache
 from remote_worker.decoding.compiled import CompiledRounds, add_round, compile_rounds, wanted
 from remote_worker.decoding.node_cost import NodeCosts
-from remote_worker.decoding.online_budget import OnlineBudget, online_cost
+from remote_worker.decoding.online_budget import OnlineBudget
 from remote_worker.decoding.tree_memory import free_bytes
 from remote_worker.decoding.two_phase import sample_positions
 from remote_worker.events import EventLog
@@ -283,7 +283,7 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
                 costs_now = slices.sampler.costs() if online and slot in slices.points else None
                 for policy in online.values():  # the costs as measured so far, for the next rounds' choices
                     if isinstance(costs_now, NodeCosts):
-                        policy.cost_ms = online_cost(costs_now, policy.largest)
+                        policy.measured(costs_now)
             phase_1[position] = decoded
         summary = tallies.comparison.metrics()
         costs = restored.costs if restored is not None else slices.costs() if slices is not None else None
