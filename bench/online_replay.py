@@ -56,6 +56,9 @@ class _Recorder:
         self.rounds: list[ReplayRound] = []
         self._grown: Growth | None = None
 
+    def grow_to(self) -> int:
+        return 1 << 30  # as far as the decode's budget
+
     def choose(self, grown: Growth) -> int:
         self._grown = grown
         return grown.nodes

@@ -63,12 +63,16 @@ def depth_bucket(depth: int) -> int:
 
 
 def probability_bin(p: float) -> int:
-    return min(int(p * BINS), BINS - 1)
+    """The guess's bin; a guess of 1 or a rounding past it in the last, one that is not a number (a drafter's
+    NaN logits) in the first: a bad number must not stop the decode, whose tokens are the target's anyway."""
+    if not 0.0 <= p < 1.0:
+        return BINS - 1 if p >= 1.0 else 0
+    return int(p * BINS)
 
 
 def _cell(depth: int, q: float) -> int:
     """The flat index of (depth bucket, guess bin) in `Calibration`'s lists."""
-    return _BUCKET_OF[min(depth, _DEEPEST)] * BINS + min(int(q * BINS), BINS - 1)
+    return _BUCKET_OF[min(depth, _DEEPEST)] * BINS + probability_bin(q)
 
 
 @dataclass
@@ -86,6 +90,8 @@ class Calibration:
         """One verified round's informative steps: each node whose parent was accepted guessed
         `guesses[k]` at `depths[k]`, and was accepted or not."""
         for q, depth, hit in zip(guesses, depths, accepted, strict=True):
+            if not math.isfinite(q):  # a guess that is no number teaches nothing (and would spoil the curve)
+                continue
             cell = _cell(depth, q)
             self.seen[cell] += 1
             self.accepted[cell] += hit
