@@ -210,6 +210,8 @@ class OnlineBudget:
             chance.append(chance[parent] * step)
             total += chance[-1]
             gains.append(total)
+        if not math.isfinite(total):  # a draft whose numbers are no numbers: the fixed budget
+            return min(self.fixed, grown.nodes)
         return max(candidates, key=lambda n: ((1 + gains[n]) / self._round_ms(n, grown.nodes), -n))
 
     def choose_naive(self, grown: Growth) -> int:
@@ -227,8 +229,11 @@ class OnlineBudget:
                 product *= self.calibration.calibrated(q, grown.depths[child])
             return product
 
+        candidates = self._candidates(grown)
+        if not math.isfinite(sum(chance(i) for i in range(1, candidates[-1] + 1))):
+            return min(self.fixed, grown.nodes)
         best, best_value = 0, -1.0
-        for n in self._candidates(grown):
+        for n in candidates:
             value = (1 + sum(chance(i) for i in range(1, n + 1))) / self._round_ms(n, grown.nodes)
             if value > best_value:
                 best, best_value = n, value
