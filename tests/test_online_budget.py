@@ -177,7 +177,7 @@ def test_a_decode_run_reports_ddtree_online_like_every_method(tmp_path: Path, te
     run_dir.mkdir()
     raw = decode_spec(run_dir, num_prompts=2, max_new_tokens=20, tree_budgets=[4, 16], temperature=temperature,
                       compile=False, online_budget=True, node_cost_repeats=1)  # fmt: skip
-    run_ddtree_gdn(parse_spec(raw, run_dir), EventLog(run_dir))
+    terminal = run_ddtree_gdn(parse_spec(raw, run_dir), EventLog(run_dir))
     summary = json.loads((run_dir / "decode_summary.json").read_text())
     scopes = {m["scope"]: m for m in summary["methods"]}
     assert set(scopes) == {"ar", "dflash", "ddtree_tb4", "ddtree_tb16", "ddtree_online"}
@@ -207,6 +207,7 @@ def test_a_decode_run_reports_ddtree_online_like_every_method(tmp_path: Path, te
             f"{fastest['tree_budget']}, the fastest fixed budget here (picked after the fact): too few prompts to "
             "tell (an interval needs 5).")  # fmt: skip
     assert said in description.splitlines()
+    assert terminal["online"] == "ddtree_online " + said.removeprefix("**DDTree-online** ").removesuffix(".")
     plots = {path.name: path for path in plot_decode_summary(run_dir / "decode_summary.json", tmp_path)}
     assert plots["ddtree_online.png"].stat().st_size > 10_000
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from orchestrator.tracking.budget_table import budget_csv, budget_line, budget_markdown
 from orchestrator.tracking.markdown_table import markdown_table
-from remote_worker.decoding.figure_rules import MIN_PROMPTS
+from remote_worker.decoding.figure_rules import MIN_PROMPTS, versus_best_fixed
 from remote_worker.wording import counted
 
 # The range beside the median tokens/s is printed at the median's own precision: rounding to one format keeps
@@ -183,26 +183,12 @@ def answer(methods: list[dict[str, Any]]) -> str:
 
 def online_line(methods: list[dict[str, Any]]) -> str:
     """Where `ddtree_online` ran, how it did against the fixed budget that decoded fastest on the same prompts,
-    said plainly, ahead or behind only beyond the 95 % interval: `**DDTree-online** ran ×0.97 (0.91–1.03) the
-    speed of DDTree-32, the fastest fixed budget here (picked after the fact): level with it within the 95 %
-    interval.`"""
-    online = next((m for m in methods if m.get("method") == "ddtree_online" and _has(m, "speedup_vs_best_fixed")), None)
-    if online is None:
-        return ""
-    ratio = online["speedup_vs_best_fixed"]
-    best = f"DDTree-{int(online.get('best_fixed_budget', 0))}"
-    text = f"**DDTree-online** ran ×{ratio:.2f}"
-    if _has(online, ("speedup_vs_best_fixed_ci_low", "speedup_vs_best_fixed_ci_high")):
-        low, high = online["speedup_vs_best_fixed_ci_low"], online["speedup_vs_best_fixed_ci_high"]
-        verdict = (
-            "ahead of it beyond the 95 % interval" if low > 1
-            else "behind it beyond the 95 % interval" if high < 1
-            else "level with it within the 95 % interval"
-        )  # fmt: skip
-        text += f" ({low:.2f}–{high:.2f})"
-    else:
-        verdict = f"too few prompts to tell (an interval needs {MIN_PROMPTS})"
-    return f"{text} the speed of {best}, the fastest fixed budget here (picked after the fact): {verdict}."
+    said plainly (`figure_rules.versus_best_fixed`, as the terminal says it): `**DDTree-online** ran ×0.97
+    (0.91–1.03) the speed of DDTree-32, the fastest fixed budget here (picked after the fact): level with it
+    within the 95 % interval.`"""
+    online = next((m for m in methods if m.get("method") == "ddtree_online"), None)
+    said = versus_best_fixed(online) if online is not None else ""
+    return f"**DDTree-online** {said}." if said else ""
 
 
 def method_note(method: dict[str, Any], title: str) -> str:
