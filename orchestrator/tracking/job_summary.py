@@ -94,7 +94,8 @@ def summarize(document: dict[str, Any], title: str) -> JobSummary:
     """The description (and summary.md) and the CSV of `decode_summary.json`.
 
     MLflow 3.17 shows a description collapsed to its first three lines or so, so it leads with the answer,
-    the Best line (how far to trust it) and the Budget line (the budget this host should use), then the
+    how `ddtree_online` did against the fastest fixed budget where it ran, the Best line (how far to trust
+    it) and the Budget line (the budget this host should use), then the
     table, then the budget table. Its Markdown converter (showdown, GitHub flavour) reads a table only with
     a `| --- |` row under the header and a blank line before and after."""
     methods = document.get("methods") or []
@@ -102,15 +103,15 @@ def summarize(document: dict[str, Any], title: str) -> JobSummary:
     if not any(_has(m, RANGE) and m[RANGE[0]] != m[RANGE[1]] for m in methods):
         columns = [c for c in columns if c[1] != RANGE]  # one pass: no spread to show ("294.7–294.7")
     lines = [answer(methods), ""]
+    online = online_line(methods)  # a run that asked for a budget per round asked how it did: shown uncollapsed
+    if online:
+        lines += [online, ""]
     best = best_line(methods, document.get("best") or {})
     if best:
         lines += [best, ""]
     budget = budget_line(document)
     if budget:
         lines += [budget, ""]
-    online = online_line(methods)
-    if online:
-        lines += [online, ""]
     lines += [f"**{title}**", ""]
     body = [[str(m.get("scope", "?")), *(cell(m, key, form) for _name, key, form in columns)] for m in methods]
     lines += markdown_table(["method", *(c[0] for c in columns)], body)
