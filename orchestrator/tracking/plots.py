@@ -112,12 +112,12 @@ def draw_online_budget(summary: dict, scope: str, policy: dict) -> plt.Figure:
     top.bar([str(n) for n in sizes], [counts.get(n, 0) / total for n in sizes], color="tab:green")
     method = next((m for m in summary.get("methods", []) if m.get("scope") == scope), {})
     best = method.get("best_fixed_budget")
-    title = f"{counted(total, 'round')} · the tree grown to {policy.get('largest')} each round"
+    title = f"{counted(total, 'round')} · each tree grown as far as it may verify, at most {policy.get('largest')}"
     if best is not None and f"{int(best)}" in [str(n) for n in sizes]:
         top.axvline(sizes.index(int(best)), linestyle=":", color="grey", label=f"fastest fixed budget ({int(best)})")
         top.legend(fontsize="small", loc="best")
     if "speedup_vs_best_fixed" in method:
-        title += f" · ×{method['speedup_vs_best_fixed']:.2f} its speed"
+        title += f" · ×{method['speedup_vs_best_fixed']:.2f} the fastest fixed budget's speed"
     top.set_title(title, fontsize="small")
     top.set_xlabel("budget verified (nodes)")
     top.set_ylabel("share of rounds")
