@@ -110,7 +110,7 @@ def _policy(rounds: Sequence[ReplayRound], policy: OnlineBudget, naive: bool = F
         grown = r.grown.prefix(policy.grow_to())
         n = policy.choose_naive(grown) if naive else policy.choose(grown)
         tokens += r.accepted(n) + 1
-        ms += policy._round_ms(n, grown.nodes) if policy.cost_ms is not None else 0.0
+        ms += policy._round_ms(n, grown.nodes)
         policy.observe(r.grown.first(n), [node for node in r.path if node <= n])
     return tokens / ms
 

@@ -28,7 +28,7 @@ from remote_worker.decoding.online_budget import (
     depth_bucket,
     probability_bin,
 )
-from remote_worker.decoding.tree_build import Growth, best_first_tree, grow_best_first, prefix_tree
+from remote_worker.decoding.tree_build import Growth, best_first_tree, grow_best_first
 from remote_worker.events import EventLog
 from remote_worker.experiments.ddtree_gdn import run_ddtree_gdn
 from remote_worker.spec import parse_spec
@@ -47,10 +47,10 @@ def test_the_largest_trees_prefix_is_the_tree_of_the_smaller_budget() -> None:
     for seed in range(20):
         generator = torch.Generator().manual_seed(seed)
         logits = torch.randn(15, 64, generator=generator) * (1 + seed % 4)
-        large = best_first_tree(3, logits, 96)
+        large = grow_best_first(3, logits, 96)  # the heap at width 96; the small trees grow at their own width
         for budget in (1, 5, 17, 64, 96):
             small = best_first_tree(3, logits, budget)
-            for cut in (prefix_tree(large, budget), grow_best_first(3, logits, 96).first(budget)):
+            for cut in (large.first(budget), large.prefix(budget).first(96)):
                 assert cut.tree.tokens.tolist() == small.tree.tokens.tolist()
                 assert cut.tree.parents.tolist() == small.tree.parents.tolist()
                 assert cut.tree.depths.tolist() == small.tree.depths.tolist()

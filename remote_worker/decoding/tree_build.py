@@ -129,10 +129,8 @@ class Growth:
         return Growth(self.tokens[:end], self.parents[:end], self.scores[:end], self.depths[:end], self.ranks[:end])
 
     def first(self, budget: int) -> DraftTree:
-        end = min(budget, self.nodes) + 1
-        if end == len(self.tokens):
-            return _assemble(self.tokens, self.parents, self.scores, self.depths, self.ranks)
-        return _assemble(self.tokens[:end], self.parents[:end], self.scores[:end], self.depths[:end], self.ranks[:end])
+        grown = self.prefix(budget)
+        return _assemble(grown.tokens, grown.parents, grown.scores, grown.depths, grown.ranks)
 
 
 def grow_best_first(root: int, logits: torch.Tensor, budget: int) -> Growth:
@@ -167,15 +165,3 @@ def best_first_tree(root: int, logits: torch.Tensor, budget: int) -> DraftTree:
 
     logits: [positions, vocab] (log-probabilities work too: the log-sum-exp is then 0)."""
     return grow_best_first(root, logits, budget).first(budget)
-
-
-def prefix_tree(draft: DraftTree, budget: int) -> DraftTree:
-    """The first `budget` nodes of a best-first tree (and its root): by the prefix property (the module's), the
-    tree `best_first_tree` builds at that budget from the same logits."""
-    nodes = min(budget, draft.tree.size - 1) + 1
-    if nodes == draft.tree.size:
-        return draft
-    tree = draft.tree
-    parents = tree.parents[:nodes].tolist()
-    depths = tree.depths[:nodes].tolist()
-    return _assemble(tree.tokens[:nodes].tolist(), parents, draft.scores[:nodes], depths, draft.ranks[:nodes])
