@@ -283,7 +283,7 @@ def test_a_cache_that_fills_up_during_the_compile_is_left_for_a_cold_compile_in_
     settings = SimpleNamespace(max_new_tokens=8, temperature=0.0)
     with caplog.at_level(logging.WARNING, logger="remote_worker.experiments.ddtree_gdn"):
         got = ddtree_gdn._compiled_rounds(spec, EventLog(run_dir), SimpleNamespace(device="cpu"), None, [], [None],
-                                          settings, 16)  # fmt: skip
+                                          settings, 16, {})  # fmt: skip
     assert got is compiled
     scratch = Path(where[1]).parent
     assert where[0].endswith("/inductor") and where[1] == str(scratch / compile_cache.SCRATCH)  # the cache, then

@@ -43,6 +43,11 @@ class Method:
     def drafts(self) -> bool:
         return self.name != "ar"
 
+    @property
+    def decoder(self) -> str:
+        """The loop's method that decodes it (`ddtree_online` is a DDTree whose rounds choose their budget)."""
+        return "ddtree" if self.name == "ddtree_online" else self.name
+
 
 def methods_for(budgets: Sequence[int], online: bool = False) -> list[Method]:
     """AR (first: the reference), DFlash, then DDTree at every tree budget; `online`: and `ddtree_online`, whose
@@ -106,7 +111,7 @@ def run_prompt(
             result = decode_from(
                 target,
                 start,
-                method="ddtree" if method.name == "ddtree_online" else method.name,
+                method=method.decoder,
                 max_new_tokens=settings.max_new_tokens,
                 drafter=drafter if method.drafts else None,
                 budget=method.budget,
@@ -115,7 +120,7 @@ def run_prompt(
                 generator=torch.Generator(target.device).manual_seed(prompt_seed(settings.seed, index)),
                 record_margins=method.name == "ar" and settings.temperature == 0,
                 rounds=(rounds or {}).get(method.scope),
-                online=(online or {}).get(method.scope),
+                online=None if method.scope in (rounds or {}) else (online or {}).get(method.scope),
             )
             result.peak_memory_bytes = peak_memory.peak_bytes(target.device)
             results[method.scope].append(result)

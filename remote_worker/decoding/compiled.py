@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +25,8 @@ from torch._dynamo.utils import counters
 from remote_worker.decoding.fixed_prefill import FixedPrefill
 from remote_worker.decoding.fixed_round import FixedRound
 from remote_worker.decoding.loop import decode_from, fixed_capacity, prefill
+from remote_worker.decoding.online_budget import OnlineBudget
+from remote_worker.decoding.online_round import OnlineRound
 from remote_worker.models.target import TargetModel, prefill_chunk
 
 LOG = logging.getLogger(__name__)
@@ -112,17 +114,20 @@ def compile_rounds(
     max_new_tokens: int,
     progress: Callable[[int, int, str], None] | None = None,
     temperature: float = 0.0,
+    online: Mapping[str, OnlineBudget] | None = None,
 ) -> CompiledRounds | str:
     """Build, compile and warm up the prefill (fixed chunks) and a fixed-shape round per method (`Method` of
     `comparison`), for prompts of up to `longest` tokens: `prompt` is prefilled twice, and decoded twice by
     each method (the second call is the one a CUDA graph is captured on). Returns them, or why this host's
     torch could not compile them (the run then decodes with the reference rounds). `progress(done, total,
     message)` is called as each graph starts and every few seconds while it compiles (`CompileProgress`;
-    from another thread then)."""
+    from another thread then). `ddtree_online` (its policy in `online`, by scope) gets an `OnlineRound` with
+    one verify graph per captured size (`OnlineBudget.captured`)."""
     if problem := target.compile_problem():
         return f"model: {problem}"
     mode = "reduce-overhead" if target.device.type == "cuda" else None
-    raise_recompile_limit(len(methods) + 1)
+    policies = {scope: policy.captured() for scope, policy in (online or {}).items()}
+    raise_recompile_limit(len(methods) + 1 + sum(len(policy.sizes) for policy in policies.values()))
     budget = max((m.budget for m in methods), default=0)
     capacity = fixed_capacity(longest, max_new_tokens, drafter.block_size, budget)
     chunk = prefill_chunk(target.device)
@@ -143,7 +148,8 @@ def compile_rounds(
         compiled.prefiller = prefiller
         for method in methods:
             where = method.scope
-            _compile_round(compiled, target, drafter, method, start, warmup_tokens, temperature, clock)
+            policy = policies.get(method.scope)
+            _compile_round(compiled, target, drafter, method, start, warmup_tokens, temperature, clock, policy)
     except Exception as error:  # noqa: BLE001 - any failure of the compiler means: decode with the reference
         return _why(where, error)
     compiled.graphs_after_warmup = counters["stats"]["unique_graphs"]
@@ -167,19 +173,35 @@ def _compile_round(
     warmup_tokens: int,
     temperature: float,
     clock: CompileProgress,
+    policy: OnlineBudget | None = None,
 ) -> None:
     """One method's fixed-shape round, compiled and warmed up from `start` (two decodes: the second is the one
-    a CUDA graph is captured on), kept in `compiled`."""
+    a CUDA graph is captured on; then every other graph it may run: `FixedRound.warm_every_size`), kept in
+    `compiled`. `policy`: the method's per-round budget (`ddtree_online`, an `OnlineRound`)."""
     round_drafter = drafter if method.drafts else None
-    rounds = FixedRound(target, method.name, compiled.capacity, drafter=round_drafter, budget=method.budget,
-                        temperature=temperature)  # fmt: skip
+    rounds: FixedRound
+    if policy is not None:
+        rounds = OnlineRound(target, compiled.capacity, drafter=drafter, policy=policy, temperature=temperature)
+        what = f"{method.scope} round ({len(policy.sizes)} sizes)"
+    else:
+        rounds = FixedRound(target, method.name, compiled.capacity, drafter=round_drafter, budget=method.budget,
+                            temperature=temperature)  # fmt: skip
+        what = f"{method.scope} round"
     rounds.compile(compiled.mode)
+
+    def generator(seed: int) -> torch.Generator | None:
+        return torch.Generator(target.device).manual_seed(seed) if temperature else None
+
+    def reset(attempt: int) -> None:
+        rounds.reset(start.cache, start.draft_context, start.root, generator(attempt))
+
     started = time.perf_counter()
-    with clock.graph(f"{method.scope} round"):
+    with clock.graph(what):
         for seed in range(2):
-            generator = torch.Generator(target.device).manual_seed(seed) if temperature else None
-            decode_from(target, start, method=method.name, max_new_tokens=warmup_tokens, drafter=round_drafter,
-                        budget=method.budget, rounds=rounds, temperature=temperature, generator=generator)  # fmt: skip
+            decode_from(target, start, method=method.decoder, max_new_tokens=warmup_tokens, drafter=round_drafter,
+                        budget=method.budget, rounds=rounds, temperature=temperature,
+                        generator=generator(seed))  # fmt: skip
+        rounds.warm_every_size(reset)
     compiled.compile_seconds[method.scope] = time.perf_counter() - started
     compiled.rounds[method.scope] = rounds
     LOG.info("compiled the %s round in %.1f s", method.scope, compiled.compile_seconds[method.scope])

@@ -65,6 +65,19 @@ class DeviceTree:
     def size(self) -> int:
         return int(self.tokens.shape[0])
 
+    def prefix(self, budget: int) -> DeviceTree:
+        """The tree of budget `budget` ≤ this one's: its first `budget` + 1 nodes (views). A best-first tree's
+        nodes are in the heap's pop order, whose first n are the tree of budget n (`tree_build`'s prefix
+        property); each node's parent comes before it, and its rank among its parent's candidates is below n
+        (its elder siblings come before it), so it is the same rank at width n."""
+        end = budget + 1
+        if not 1 <= budget < self.size:
+            raise ValueError(f"a prefix of budget {budget} of a tree of {self.size - 1} drafted nodes")
+        return DeviceTree(
+            self.tokens[:end], self.parents[:end], self.depths[:end], self.valid[:end], self.scores[:end],
+            self.ranks[:end], self.exact,
+        )  # fmt: skip
+
 
 def candidate_log_probs(logits: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The `width` best tokens per position and their log-probabilities, as `tree_build.top_candidates`

@@ -142,6 +142,8 @@ class FixedRound:
     the round over them (`step`). `reset` loads a prompt's prefilled state into the same buffers, so a
     compiled round (`compile`) is compiled and captured once and serves every prompt."""
 
+    one_size = True  # every round verifies `nodes` (what `round_times` can time whole as one size's round)
+
     def __init__(
         self,
         target: TargetModel,
@@ -217,11 +219,29 @@ class FixedRound:
             return device_chain(root, logits, self.depth)
         return device_best_first_tree(root, logits, self.budget)
 
+    @property
+    def round_nodes(self) -> int:
+        """The nodes the last round verified (a fixed round: always its tree's)."""
+        return self.nodes
+
+    def warm_every_size(self, reset: Callable[[int], None]) -> None:
+        """Compile and capture every graph a decode may run, from the states `reset(attempt)` loads: a fixed
+        round has one, which the warm-up's decodes ran (`online_round.OnlineRound` has one per size)."""
+
+    def seen(self, path: list[int]) -> None:
+        """What the last round accepted, read on the host (its path, root first): a fixed round needs nothing
+        of it; `online_round.OnlineRound` learns from it."""
+
     @torch.no_grad()
     def step(self) -> RoundOutput:
         """One round, all on the device: no value is read back, no shape depends on one. (No autograd: the
         weights are parameters, and a compiled graph that records gradients is another, slower graph.)"""
-        tree = self.draft()
+        return self.verify_commit(self.draft())
+
+    @torch.no_grad()
+    def verify_commit(self, tree: DeviceTree) -> RoundOutput:
+        """Verify `tree` in one target forward, choose the target's tokens, walk the accepted path and commit it
+        to the cache and the drafter's context: the round after its draft."""
         output = self.target.verify_fixed(
             self.cache, tree.tokens, tree.parents, tree.depths, self.depth, self.feature_layers
         )
@@ -257,7 +277,9 @@ def run_rounds(
             kept.append((output.logits[output.path].topk(2, dim=-1).values, count))
         if not result.tokens:
             result.first_token_seconds = time.perf_counter() - started
-        if emit_round(result, emitted[:count], path[1:count], ranks[1:count], state.nodes, stop_tokens, max_new_tokens):
+        state.seen(path[:count])
+        nodes = state.round_nodes
+        if emit_round(result, emitted[:count], path[1:count], ranks[1:count], nodes, stop_tokens, max_new_tokens):
             return kept
     return kept
 

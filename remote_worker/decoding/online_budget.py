@@ -28,9 +28,9 @@ a bin of path products mixes a sure step below an unsure one with the reverse, w
 apart; a step's bin holds steps alike, and a deep node's chance stays tied to the steps above it.
 
 Until WARMUP_ROUNDS rounds were seen, or while the host's costs are not measured yet, the round uses a fixed
-budget. The chosen n is always one of `sizes`: the run's budgets and the powers of two below the largest, the
-sizes a compiled path would capture, one graph each (it does not decode `ddtree_online` yet: a compiled run
-decodes it with this reference round).
+budget. The chosen n is always one of `sizes`: on the reference round the run's budgets and the powers of two
+below the largest; on a compiled round (`online_round`) the run's budgets only, each a graph captured before
+the decodes, and the round's cost at each is that graph's measured whole (`OnlineBudget.priced`).
 
 The policy runs every round on the host, between the draft and the verify, so it is plain lists and one pass:
 `choose` accumulates each node's chance from its parent's; `choose_naive` computes every node's chance afresh
@@ -54,6 +54,11 @@ BINS = 10  # guess bins of width 1 / BINS
 DEPTH_BUCKETS = (1, 2, 3, 4, 6, 9)  # a bucket starts at each of these depths (depth 9 and deeper: the last)
 _DEEPEST = DEPTH_BUCKETS[-1]
 _BUCKET_OF = [-1] + [sum(1 for start in DEPTH_BUCKETS if d >= start) - 1 for d in range(1, _DEEPEST + 1)]
+
+
+def _start(sizes: Sequence[int]) -> int:
+    """The fixed budget among `sizes` (increasing): START_BUDGET, or the nearest size below it (the smallest)."""
+    return max(n for n in sizes if n <= max(START_BUDGET, sizes[0]))
 
 
 def depth_bucket(depth: int) -> int:
@@ -135,6 +140,7 @@ class OnlineBudget:
     largest: int  # the most a round's tree grows (B)
     sizes: tuple[int, ...]  # the budgets a round may verify, increasing (a compiled path: those captured)
     fixed: int  # the budget before the history and the costs exist
+    budgets: tuple[int, ...] = ()  # the run's fixed budgets (what a compiled path captures: `captured`)
     cost_ms: Callable[[int], float] | None = None  # a round at budget n, its tree grown to n (`NodeCosts.round_ms`)
     tree_ms: Callable[[int], float] | None = None  # growing a tree of n nodes, root included (None: free)
     calibration: Calibration = field(default_factory=Calibration)
@@ -144,11 +150,18 @@ class OnlineBudget:
     @classmethod
     def for_budgets(cls, budgets: Sequence[int]) -> OnlineBudget:
         """The policy of a run whose fixed budgets are `budgets`: the tree grows to the largest; a round may
-        verify any of them or a power of two below the largest (the sizes a compiled path would capture);
+        verify any of them or a power of two below the largest (a compiled round: `captured`);
         START_BUDGET (or the nearest size below it) until the policy is `ready`."""
         largest = max(budgets)
         sizes = tuple(sorted({*budgets, *(1 << k for k in range(largest.bit_length()) if 1 << k <= largest)}))
-        return cls(largest, sizes, max(n for n in sizes if n <= max(START_BUDGET, sizes[0])))
+        return cls(largest, sizes, _start(sizes), tuple(sorted(set(budgets))))
+
+    def captured(self) -> OnlineBudget:
+        """A fresh policy for a compiled round, whose every size is a graph captured before the decodes (no
+        recompile during one): the run's budgets only, each already a size the run pays to compile for its
+        fixed rounds (the powers of two below would each be one more graph of the whole target)."""
+        sizes = self.budgets or self.sizes
+        return OnlineBudget(self.largest, sizes, _start(sizes), sizes)
 
     def as_record(self) -> dict[str, Any]:
         return {
@@ -167,10 +180,19 @@ class OnlineBudget:
             raise ValueError(f"the fixed budget {self.fixed} and every size must be among {self.sizes}, at most "
                              f"{self.largest}")  # fmt: skip
 
+    def reset_history(self) -> None:
+        """Forget every round seen (a warm-up's), keeping the costs."""
+        self.calibration, self.verified, self.last = Calibration(), {}, 0
+
     def measured(self, costs: NodeCosts) -> None:
         """The host's costs as the node-cost probe measured them so far: the choices use them from now on."""
         self.cost_ms = costs.round_ms
         self.tree_ms = lambda nodes: interpolate(costs.sizes, costs.tree, nodes)
+
+    def priced(self, cost_ms: Callable[[int], float]) -> None:
+        """Whole rounds' costs at each size, their trees always grown to `largest` (a compiled round's tree has
+        a fixed shape, so its growth costs the same at every size)."""
+        self.cost_ms, self.tree_ms = cost_ms, None
 
     @property
     def ready(self) -> bool:
@@ -190,16 +212,22 @@ class OnlineBudget:
             return self.cost_ms(n)
         return self.cost_ms(n) - self.tree_ms(n + 1) + self.tree_ms(grown + 1)
 
-    def _candidates(self, grown: Growth) -> list[int]:
-        return [n for n in self.sizes if n <= grown.nodes] or [min(self.sizes[0], grown.nodes)]
+    def _candidates(self, nodes: int) -> list[int]:
+        return [n for n in self.sizes if n <= nodes] or [min(self.sizes[0], nodes)]
 
     def choose(self, grown: Growth) -> int:
         """The budget this round verifies: the fixed one until `ready`, then the size of most expected tokens per
         millisecond over this tree's nodes (ties: the smaller)."""
+        return self.choose_tree(grown.scores, grown.parents, grown.depths)
+
+    def choose_tree(self, scores: Sequence[float], parents: Sequence[int], depths: Sequence[int]) -> int:
+        """`choose` over a tree given as its nodes' scores, parents and depths (node 0 the root). Padding (a
+        score of -inf, as a fixed-shape tree has where the candidates ran out) has no chance of acceptance,
+        so it is never worth its cost."""
+        nodes = len(scores) - 1
         if not self.ready or self.cost_ms is None:
-            return min(self.fixed, grown.nodes)
-        candidates = self._candidates(grown)
-        scores, parents, depths = grown.scores, grown.parents, grown.depths
+            return min(self.fixed, nodes)
+        candidates = self._candidates(nodes)
         seen, accepted = self.calibration.seen, self.calibration.accepted
         chance, gains, total = [1.0], [0.0], 0.0
         for node in range(1, candidates[-1] + 1):
@@ -211,8 +239,8 @@ class OnlineBudget:
             total += chance[-1]
             gains.append(total)
         if not math.isfinite(total):  # a draft whose numbers are no numbers: the fixed budget
-            return min(self.fixed, grown.nodes)
-        return max(candidates, key=lambda n: ((1 + gains[n]) / self._round_ms(n, grown.nodes), -n))
+            return min(self.fixed, nodes)
+        return max(candidates, key=lambda n: ((1 + gains[n]) / self._round_ms(n, nodes), -n))
 
     def choose_naive(self, grown: Growth) -> int:
         """`choose`, each node's chance the product of its path's calibrated steps, walked afresh (the reference)."""
@@ -229,7 +257,7 @@ class OnlineBudget:
                 product *= self.calibration.calibrated(q, grown.depths[child])
             return product
 
-        candidates = self._candidates(grown)
+        candidates = self._candidates(grown.nodes)
         if not math.isfinite(sum(chance(i) for i in range(1, candidates[-1] + 1))):
             return min(self.fixed, grown.nodes)
         best, best_value = 0, -1.0
@@ -241,14 +269,20 @@ class OnlineBudget:
 
     def observe(self, draft: DraftTree, path: list[int]) -> None:
         """The verified tree of this round (its first n nodes) and the accepted path through it."""
-        scores, on_path = draft.scores, set(path)
-        parents, depths = draft.tree.parents.tolist(), draft.tree.depths.tolist()
-        steps = [node for node in range(1, len(parents)) if parents[node] in on_path]
+        self.observe_tree(draft.scores, draft.tree.parents.tolist(), draft.tree.depths.tolist(), path)
+
+    def observe_tree(
+        self, scores: Sequence[float], parents: Sequence[int], depths: Sequence[int], path: Sequence[int]
+    ) -> None:
+        """`observe` of a tree given as its verified nodes' scores, parents and depths (node 0 the root) and the
+        accepted path (root first). Padding (score -inf) was never a guess: it teaches nothing."""
+        on_path = set(path)
+        steps = [node for node in range(1, len(parents)) if parents[node] in on_path and scores[node] != -math.inf]
         self.calibration.observe(
             [math.exp(scores[node] - scores[parents[node]]) for node in steps],
             [depths[node] for node in steps],
             [node in on_path for node in steps],
         )
-        budget = draft.tree.size - 1
+        budget = len(parents) - 1
         self.verified[budget] = self.verified.get(budget, 0) + 1
         self.last = budget

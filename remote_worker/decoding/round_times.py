@@ -81,7 +81,8 @@ class RoundTimeSampler:
     kind = "compiled"
 
     def __init__(self, target: TargetModel, drafter: Any, rounds: dict[str, FixedRound]) -> None:
-        timed = [r for r in rounds.values() if r.method in ("ar", "ddtree")]  # AR's round: budget 0, one node
+        # AR's round: budget 0, one node; a round whose size varies (`online_round`) times its own sizes
+        timed = [r for r in rounds.values() if r.method in ("ar", "ddtree") and r.one_size]
         if not any(r.method == "ar" for r in timed):
             raise ValueError("no AR round to time, which every prediction divides by")
         self.target, self.drafter = target, drafter

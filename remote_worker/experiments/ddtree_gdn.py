@@ -228,12 +228,9 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     log.progress(
         "setup", 2, 2, f"{counted(len(prompts), 'prompt')}{turns}{of_shard} × {counted(len(methods), 'method')}{passes}"
     )
-    captured = [m for m in methods if m.name != "ddtree_online"]  # its per-round budget: the reference round
-    compiled = _compiled_rounds(spec, log, target, drafter, captured, encoded, settings, longest_ids)
-    if online and compiled is not None:
-        LOG.warning("ddtree_online decodes with the reference round beside the compiled ones, at budget %d (its "
-                    "per-round choice needs the eager rounds' node costs, which a compiled run does not measure)",
-                    next(iter(online.values())).fixed)  # fmt: skip
+    compiled = _compiled_rounds(spec, log, target, drafter, methods, encoded, settings, longest_ids, online)
+    for scope in online if compiled is not None else ():  # the compiled round's policy: the captured sizes
+        online[scope] = compiled.rounds[scope].policy
     if compiled is None:
         _warm_up(target, drafter, encoded[0], methods)
     sample = sample_positions(len(prompts), protocol.every) if protocol.two_phase else list(range(len(prompts)))
@@ -439,6 +436,7 @@ def _compiled_rounds(
     encoded: list[torch.Tensor],
     settings: Settings,
     longest: int,
+    online: dict[str, OnlineBudget],
 ) -> CompiledRounds | None:
     """`decode.compile` (true, false, auto: on with CUDA): the prefill and every method's round in fixed shapes,
     compiled and warmed up now, before any clock; None when off, or when this host's torch could not (the run
@@ -452,9 +450,8 @@ def _compiled_rounds(
     enabled, group = bool(spec.decode.get("compile_cache", True)), spec.decode.get("compile_cache_group")
 
     def compile_now() -> CompiledRounds | str:
-        return compile_rounds(
-            target, drafter, methods, encoded[0], longest, settings.max_new_tokens, progress, settings.temperature
-        )
+        return compile_rounds(target, drafter, methods, encoded[0], longest, settings.max_new_tokens, progress,
+                              settings.temperature, online)  # fmt: skip
 
     with CompileCache.open(spec.run_dir, enabled, group) as cache:
         outcome = compile_now()
