@@ -16,7 +16,7 @@ from typing import Any
 
 from orchestrator.tracking.budget_table import budget_csv, budget_line, budget_markdown
 from orchestrator.tracking.markdown_table import markdown_table
-from remote_worker.decoding.figure_rules import MIN_PROMPTS, versus_best_fixed
+from remote_worker.decoding.figure_rules import MIN_PROMPTS, ONLINE, versus_best_fixed
 from remote_worker.wording import counted
 
 # The range beside the median tokens/s is printed at the median's own precision: rounding to one format keeps
@@ -170,10 +170,10 @@ def answer(methods: list[dict[str, Any]]) -> str:
     DFlash: tau 3.42, ×1.99 vs AR, lossless`."""
     trees = [m for m in methods if m.get("method") == "ddtree" and _has(m, "speedup_vs_ar")]
     shown = [max(trees, key=lambda m: m["speedup_vs_ar"])] if trees else []
-    shown += [m for m in methods if m.get("method") in ("ddtree_online", "dflash") and _has(m, "speedup_vs_ar")]
+    shown += [m for m in methods if m.get("method") in (ONLINE, "dflash") and _has(m, "speedup_vs_ar")]
     parts = []
     for method in shown:
-        names = {"ddtree": f"DDTree-{method.get('tree_budget')}", "ddtree_online": "DDTree-online"}
+        names = {"ddtree": f"DDTree-{method.get('tree_budget')}", ONLINE: "DDTree-online"}
         name = names.get(str(method.get("method")), "DFlash")
         text = f"**{name}**: tau {method.get('tau', 0):.2f}, ×{method['speedup_vs_ar']:.2f} vs AR"
         if _has(method, "lossless"):
@@ -187,7 +187,7 @@ def online_line(methods: list[dict[str, Any]]) -> str:
     said plainly (`figure_rules.versus_best_fixed`, as the terminal says it): `**DDTree-online** ran ×0.97
     (0.91–1.03) the speed of DDTree-32, the fastest fixed budget here (picked after the fact): level with it
     within the 95 % interval.`"""
-    online = next((m for m in methods if m.get("method") == "ddtree_online"), None)
+    online = next((m for m in methods if m.get("method") == ONLINE), None)
     said = versus_best_fixed(online) if online is not None else ""
     return f"**DDTree-online** {said}." if said else ""
 

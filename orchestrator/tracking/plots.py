@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from remote_worker.decoding.figure_rules import ONLINE
 from remote_worker.wording import counted
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ def plot_decode_summary(summary_file: Path, out_dir: Path) -> list[Path]:
     summary = json.loads(summary_file.read_text(encoding="utf-8"))
     methods = summary["methods"]
     trees = sorted((m for m in methods if m["method"] == "ddtree"), key=lambda m: m["tree_budget"])
-    reference = {m["method"]: m for m in methods if m["method"] in ("ar", "dflash", "ddtree_online")}
+    reference = {m["method"]: m for m in methods if m["method"] in ("ar", "dflash", ONLINE)}
     context = _context(summary)
     figures = []
 
@@ -63,8 +64,8 @@ def plot_decode_summary(summary_file: Path, out_dir: Path) -> list[Path]:
             axis.plot(budgets, values, "o-", label="DDTree")
         if "dflash" in reference:
             axis.axhline(reference["dflash"][key], linestyle="--", color="tab:orange", label="DFlash")
-        if key in reference.get("ddtree_online", {}):
-            axis.axhline(reference["ddtree_online"][key], linestyle="-.", color="tab:green",
+        if key in reference.get(ONLINE, {}):
+            axis.axhline(reference[ONLINE][key], linestyle="-.", color="tab:green",
                          label="DDTree-online (a budget per round)")  # fmt: skip
         axis.axhline(1.0, linestyle=":", color="grey", label="AR (= 1)")
         budget_axis(axis, budgets)
@@ -95,9 +96,6 @@ def plot_decode_summary(summary_file: Path, out_dir: Path) -> list[Path]:
     if isinstance(policy, dict) and policy.get("rounds_at_budget"):
         figures.append(save_figure(draw_online_budget(summary, ONLINE, policy), out_dir / f"{ONLINE}.png"))
     return figures
-
-
-ONLINE = "ddtree_online"
 
 
 def draw_online_budget(summary: dict, scope: str, policy: dict) -> plt.Figure:

@@ -26,6 +26,7 @@ import torch
 
 from remote_worker.decoding import bootstrap, peak_memory
 from remote_worker.decoding.divergence import Divergence, first_divergence
+from remote_worker.decoding.figure_rules import ONLINE
 from remote_worker.decoding.fixed_prefill import FixedPrefill
 from remote_worker.decoding.fixed_round import FixedRound
 from remote_worker.decoding.loop import DecodeResult, decode_from, prefill
@@ -46,14 +47,14 @@ class Method:
     @property
     def decoder(self) -> str:
         """The loop's method that decodes it (`ddtree_online` is a DDTree whose rounds choose their budget)."""
-        return "ddtree" if self.name == "ddtree_online" else self.name
+        return "ddtree" if self.name == ONLINE else self.name
 
 
 def methods_for(budgets: Sequence[int], online: bool = False) -> list[Method]:
     """AR (first: the reference), DFlash, then DDTree at every tree budget; `online`: and `ddtree_online`, whose
     rounds grow the largest budget's tree and verify as much of it as each round is worth (`online_budget`)."""
     methods = [Method("ar", "ar"), Method("dflash", "dflash")] + [Method(f"ddtree_tb{b}", "ddtree", b) for b in budgets]
-    return methods + ([Method("ddtree_online", "ddtree_online", max(budgets))] if online else [])
+    return methods + ([Method(ONLINE, ONLINE, max(budgets))] if online else [])
 
 
 @dataclass(frozen=True)
@@ -247,7 +248,7 @@ class MethodTally:
         versus_ar = self.speedup_interval(ar)
         if versus_ar is not None:
             figures.update(speedup_vs_ar_ci_low=versus_ar.low, speedup_vs_ar_ci_high=versus_ar.high)
-        if self.method.name in ("ddtree", "ddtree_online") and dflash is not None and dflash.repeat_tokens:
+        if self.method.name in ("ddtree", ONLINE) and dflash is not None and dflash.repeat_tokens:
             figures["speedup_vs_dflash"] = _spread(self.speedups(dflash))[0]
             versus_dflash = self.speedup_interval(dflash)
             if versus_dflash is not None:
@@ -337,7 +338,7 @@ class Comparison:
         metrics = {scope: tally.metrics(ar, self.exactness, dflash) for scope, tally in self.tallies.items()}
         fixed = [t for t in self.tallies.values() if t.method.name == "ddtree" and t.repeat_tokens]
         for tally in self.tallies.values():
-            if tally.method.name == "ddtree_online" and tally.repeat_tokens and fixed:
+            if tally.method.name == ONLINE and tally.repeat_tokens and fixed:
                 metrics[tally.method.scope].update(versus_best_fixed(tally, fixed))
         return metrics
 

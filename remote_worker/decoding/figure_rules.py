@@ -26,6 +26,9 @@ MIN_PROMPTS = 5
 # sort them first (`ar.*`), where they crowded out the figures that vary.
 AR_BY_DEFINITION = ("tau", "speedup_vs_ar", "lossless")
 
+# The method (and its child run's name) of DDTree with a budget per round (`decode.online_budget=true`).
+ONLINE = "ddtree_online"
+
 
 def versus_best_fixed(metrics: dict[str, float]) -> str:
     """`ddtree_online`'s figures against the fastest fixed budget (`speedup_vs_best_fixed`, its interval and

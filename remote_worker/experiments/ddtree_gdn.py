@@ -37,6 +37,7 @@ from remote_worker.decoding import peak_memory
 from remote_worker.decoding.comparison import Method, PromptRun, Settings, methods_for, run_prompt
 from remote_worker.decoding.compile_cache import CompileCache
 from remote_worker.decoding.compiled import CompiledRounds, add_round, compile_rounds, wanted
+from remote_worker.decoding.figure_rules import ONLINE
 from remote_worker.decoding.node_cost import NodeCosts
 from remote_worker.decoding.online_budget import OnlineBudget
 from remote_worker.decoding.tree_memory import free_bytes
@@ -221,7 +222,7 @@ def run_ddtree_gdn(spec: Spec, log: EventLog) -> dict[str, str]:
     largest = max(budgets)
     # Two-phase: phase 1's methods on the sample; grid: every method on every record
     methods = methods_for([largest] if protocol.two_phase else budgets, online=online_wanted)
-    online = {m.scope: OnlineBudget.for_budgets(budgets) for m in methods if m.name == "ddtree_online"}
+    online = {m.scope: OnlineBudget.for_budgets(budgets) for m in methods if m.name == ONLINE}
     passes = f" × {settings.repeats} repeats" if settings.repeats > 1 else ""
     turns = f" ({counted(records, 'turn')})" if records != len(prompts) else ""
     of_shard = f" (shard {shard}/{shards})" if shards > 1 else ""

@@ -11,7 +11,7 @@ from typing import Any
 
 from remote_worker.decoding.comparison import Comparison, Method, PromptRun
 from remote_worker.decoding.divergence import Divergence
-from remote_worker.decoding.figure_rules import AR_BY_DEFINITION, MIN_PROMPTS, versus_best_fixed
+from remote_worker.decoding.figure_rules import AR_BY_DEFINITION, MIN_PROMPTS, ONLINE, versus_best_fixed
 from remote_worker.events import EventLog
 from remote_worker.experiments.verdict import Verdict, best_record, judge
 from remote_worker.prompt_set import Prompt
@@ -162,7 +162,7 @@ def terminal_summary(summary: dict[str, dict[str, float]], verdict: Verdict | No
             if m["lossless"] < 1:
                 text += f" ({m['near_tie_divergences']:.0f} near-tie, {m['unexplained_divergences']:.0f} unexplained)"
         lines[scope] = text
-    said = versus_best_fixed(summary.get("ddtree_online") or {})
+    said = versus_best_fixed(summary.get(ONLINE) or {})
     if said:  # a budget per round, against the fixed budget that decoded fastest here
         lines["online"] = f"ddtree_online {said}"
     if verdict is not None and verdict.best is not None:

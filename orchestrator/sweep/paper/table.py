@@ -23,7 +23,7 @@ from pathlib import Path
 from orchestrator.sweep.paper.ar_prediction import ArCheck, ar_times
 from orchestrator.sweep.paper.figures import Cell, Record, best_ddtree, cell, ddtree_scopes, merge, read_records
 from orchestrator.tracking.markdown_table import NBSP, markdown_table, unbreakable
-from remote_worker.decoding.figure_rules import Interval
+from remote_worker.decoding.figure_rules import ONLINE, Interval
 from remote_worker.wording import counted
 
 DATASETS = ("gsm8k", "math500", "aime24", "aime25", "humaneval", "mbpp", "livecodebench", "swe-bench", "mt-bench",
@@ -156,9 +156,6 @@ def entries(jobs: Sequence[JobRecords]) -> list[Entry]:
             )
         found.append(entry)
     return found
-
-
-ONLINE = "ddtree_online"  # a grid job's DDTree with a budget per round (`decode.online_budget=true`)
 
 
 CHOSEN = "ddtree_chosen"  # a two-phase record's decode at the budget its job chose, whichever that was
