@@ -27,13 +27,14 @@ from tests.tiny_models import random_prompt, tiny
 
 def forced(round_: OnlineRound, sizes: list[int]) -> list[int]:
     """Make the round's policy choose `sizes` in turn (every captured size, whatever the drafter's numbers),
-    keeping the real choice's bookkeeping; returns the list of what it chose."""
+    skipping those past the tree grown this round, keeping the real choice's bookkeeping; returns the list of
+    what it chose."""
     cycle, chosen = itertools.cycle(sizes), []
     real = round_.policy.choose_tree
 
     def choose(scores, parents, depths) -> int:
         real(scores, parents, depths)
-        chosen.append(next(cycle))
+        chosen.append(next(n for n in cycle if n < len(scores)))
         return chosen[-1]
 
     round_.policy.choose_tree = choose  # type: ignore[method-assign]
@@ -64,8 +65,10 @@ def test_every_captured_size_emits_ar_tokens_and_no_other_size_is_verified(name:
                          drafter=draft, policy=policy)  # fmt: skip
     start = prefill(target, prompts[0], draft)
     rounds.warm_every_size(lambda attempt: rounds.reset(start.cache, start.draft_context, start.root, None))
-    assert sorted(rounds.costs) == [2, 4, 8] and all(len(rounds.times[n]) == TIMED_WARMUP_ROUNDS for n in (2, 4, 8))
-    assert policy.cost_ms is not None and policy.calibration.rounds == 0 and not policy.verified  # costs, no history
+    for n in (2, 4, 8):
+        assert len(rounds.draft_times[n]) == len(rounds.verify_times[n]) == TIMED_WARMUP_ROUNDS
+        assert policy.cost_ms is not None and policy.cost_ms(n) > rounds.verify_times[n].median > 0
+    assert policy.calibration.rounds == 0 and not policy.verified  # costs, no history
     sizes = []
     for index, prompt in enumerate(prompts):
         chosen = forced(rounds, [8, 2, 4]) if index == 0 else []
@@ -77,7 +80,8 @@ def test_every_captured_size_emits_ar_tokens_and_no_other_size_is_verified(name:
             del rounds.policy.choose_tree  # the real choice from here on
         sizes += result.tree_sizes
     assert set(sizes) <= {3, 5, 9} and sum(policy.verified.values()) == len(sizes) == policy.calibration.rounds
-    assert policy.ready and all(len(rounds.times[n]) > TIMED_WARMUP_ROUNDS for n in policy.verified)
+    assert policy.ready and all(len(rounds.verify_times[n]) > TIMED_WARMUP_ROUNDS for n in policy.verified)
+    assert len(rounds.draft_times[4]) > TIMED_WARMUP_ROUNDS  # after a round of 2, the tree grew to 4, not to 8
 
 
 def test_a_size_the_policy_was_not_given_is_refused() -> None:
@@ -86,8 +90,11 @@ def test_a_size_the_policy_was_not_given_is_refused() -> None:
     rounds.policy.choose_tree = lambda *tree: 4  # type: ignore[method-assign]
     start = prefill(target, random_prompt(1), draft)
     rounds.reset(start.cache, start.draft_context, start.root, None)
-    with pytest.raises(AssertionError, match=r"chose 4, not one of the captured sizes \(2, 8\)"):
+    with pytest.raises(AssertionError, match=r"chose 4 of a tree of 2, captured sizes \(2, 8\)"):
         rounds.run()
+    rounds.policy.choose_tree = lambda *tree: 8  # type: ignore[method-assign]
+    with pytest.raises(AssertionError, match=r"chose 8 of a tree of 2"):
+        rounds.run()  # a captured size, but more than this round's tree holds
 
 
 @pytest.mark.slow

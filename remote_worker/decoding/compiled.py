@@ -122,12 +122,12 @@ def compile_rounds(
     torch could not compile them (the run then decodes with the reference rounds). `progress(done, total,
     message)` is called as each graph starts and every few seconds while it compiles (`CompileProgress`;
     from another thread then). `ddtree_online` (its policy in `online`, by scope) gets an `OnlineRound` with
-    one verify graph per captured size (`OnlineBudget.captured`)."""
+    a draft and a verify graph per captured size (`OnlineBudget.captured`)."""
     if problem := target.compile_problem():
         return f"model: {problem}"
     mode = "reduce-overhead" if target.device.type == "cuda" else None
     policies = {scope: policy.captured() for scope, policy in (online or {}).items()}
-    raise_recompile_limit(len(methods) + 1 + sum(len(policy.sizes) for policy in policies.values()))
+    raise_recompile_limit(len(methods) + 1 + sum(2 * len(policy.sizes) for policy in policies.values()))
     budget = max((m.budget for m in methods), default=0)
     capacity = fixed_capacity(longest, max_new_tokens, drafter.block_size, budget)
     chunk = prefill_chunk(target.device)

@@ -206,7 +206,8 @@ class FixedRound:
             tensors += [context.buffer, context.device_length]
         self.run = compiled_entry(self.step, mode, [t for t in tensors if t is not None])
 
-    def draft(self) -> DeviceTree:
+    def draft(self, budget: int | None = None) -> DeviceTree:
+        """This round's draft tree (DDTree: of `budget` nodes, the round's own by default)."""
         root = self.root
         if not self.drafting:
             one = torch.ones(1, dtype=torch.bool, device=root.device)
@@ -217,7 +218,7 @@ class FixedRound:
         logits = self.drafter.propose_fixed(self.context, root_embedding, self.mask_embedding, self.target.head)
         if self.method == "dflash":
             return device_chain(root, logits, self.depth)
-        return device_best_first_tree(root, logits, self.budget)
+        return device_best_first_tree(root, logits, budget or self.budget)
 
     @property
     def round_nodes(self) -> int:

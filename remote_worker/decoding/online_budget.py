@@ -189,10 +189,10 @@ class OnlineBudget:
         self.cost_ms = costs.round_ms
         self.tree_ms = lambda nodes: interpolate(costs.sizes, costs.tree, nodes)
 
-    def priced(self, cost_ms: Callable[[int], float]) -> None:
-        """Whole rounds' costs at each size, their trees always grown to `largest` (a compiled round's tree has
-        a fixed shape, so its growth costs the same at every size)."""
-        self.cost_ms, self.tree_ms = cost_ms, None
+    def priced(self, cost_ms: Callable[[int], float], tree_ms: Callable[[int], float]) -> None:
+        """Costs measured some other way than by the node-cost probe (a compiled round's, `online_round`): a
+        round at budget n, its tree grown to n, and growing a tree of n nodes (root included)."""
+        self.cost_ms, self.tree_ms = cost_ms, tree_ms
 
     @property
     def ready(self) -> bool:
