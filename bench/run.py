@@ -12,6 +12,7 @@ import platform
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -238,6 +239,10 @@ def markdown(results: dict) -> str:
         "",
         *online_budget_table(results["online_budget"]),
         "",
+        "The same on compiled rounds (`decode.compile=true`: `ddtree_online` on its draft and verify graphs):",
+        "",
+        *online_budget_table(results["online_budget_compiled"]),
+        "",
         "Operations per decode round (counted, so exact: a gate where timings are noise), after a 256-token "
         "prefill on 64-layer models of the real layer pattern at tiny widths (the hybrid is Qwen3.6-27B's: 48 "
         "Gated DeltaNet and 16 attention layers); compute operations as dispatched on the CPU, views and "
@@ -281,7 +286,9 @@ def main() -> None:
     parser.add_argument("--decode-repeats", type=int, default=3)
     parser.add_argument("--baseline", default=BASELINE, help="the commit whose worker the speed table compares with")
     parser.add_argument(
-        "--only", choices=["paper_protocol", "online_budget"], help="run this section alone (its own JSON file)"
+        "--only",
+        choices=["paper_protocol", "online_budget", "online_budget_compiled"],
+        help="run this section alone (its own JSON file)",
     )
     args = parser.parse_args()
     torch.set_grad_enabled(False)
@@ -289,6 +296,7 @@ def main() -> None:
         run, table = {
             "paper_protocol": (paper_protocol_figures, paper_protocol_table),
             "online_budget": (online_budget_figures, online_budget_table),
+            "online_budget_compiled": (partial(online_budget_figures, compiled=True), online_budget_table),
         }[args.only]
         figures = run()
         RESULTS.mkdir(exist_ok=True)
@@ -306,6 +314,7 @@ def main() -> None:
         "budget_loaded": budget_figures("tiny_trained", args.decode_repeats, load=True),
         "paper_protocol": paper_protocol_figures(),
         "online_budget": online_budget_figures(),
+        "online_budget_compiled": online_budget_figures(compiled=True),
         "op_counts": op_count_figures(),
         "speed": compare_workers(args.baseline, args.decode_repeats),
         "compiled": _compiled_runs(),
