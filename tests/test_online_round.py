@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -149,3 +150,16 @@ def test_a_compiled_run_decodes_ddtree_online_on_its_captured_sizes(tmp_path: Pa
     events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     params = next(e["data"] for e in events if e["kind"] == "params" and e.get("scope") == "ddtree_online")
     assert params["compiled"] is True
+
+
+def test_padding_has_no_chance_of_acceptance() -> None:
+    """A fixed-shape tree pads with score -inf where the candidates ran out; its padding hangs off the root, in
+    the bin of guesses near 0, which a run may have seen accepted. Its chance is 0 all the same: at equal costs
+    the smaller size, all of whose real nodes it holds, is chosen."""
+    policy = OnlineBudget(4, (2, 4), 2)
+    for _ in range(4):  # steps guessed near 0 at depth 1, every one accepted: the bin's share is high
+        policy.calibration.observe([0.01] * 10, [1] * 10, [True] * 10)
+    policy.priced(lambda n: 1.0, lambda nodes: 0.0)
+    scores, parents, depths = [0.0, -0.1, -0.2, -math.inf, -math.inf], [-1, 0, 1, 0, 0], [0, 1, 2, 1, 1]
+    assert policy.choose_tree(scores, parents, depths) == 2
+    assert policy.choose_tree([0.0, -0.1, -0.2, -3.0, -3.1], parents, depths) == 4  # real guesses of 0.05: worth it

@@ -30,7 +30,7 @@ apart; a step's bin holds steps alike, and a deep node's chance stays tied to th
 Until WARMUP_ROUNDS rounds were seen, or while the host's costs are not measured yet, the round uses a fixed
 budget. The chosen n is always one of `sizes`: on the reference round the run's budgets and the powers of two
 below the largest; on a compiled round (`online_round`) the run's budgets only, each a graph captured before
-the decodes, and the round's cost at each is that graph's measured whole (`OnlineBudget.priced`).
+the decodes, priced by what the round measures of its own two stages (`OnlineBudget.priced`).
 
 The policy runs every round on the host, between the draft and the verify, so it is plain lists and one pass:
 `choose` accumulates each node's chance from its parent's; `choose_naive` computes every node's chance afresh
@@ -234,7 +234,7 @@ class OnlineBudget:
             parent = parents[node]
             q = math.exp(scores[node] - scores[parent])
             cell = _cell(depths[node], q)
-            step = (accepted[cell] + PRIOR * q) / (seen[cell] + PRIOR)
+            step = (accepted[cell] + PRIOR * q) / (seen[cell] + PRIOR) if q != 0.0 else 0.0  # padding: no token
             chance.append(chance[parent] * step)
             total += chance[-1]
             gains.append(total)
@@ -254,7 +254,7 @@ class OnlineBudget:
             product = 1.0
             for parent, child in zip(path[:0:-1], path[-2::-1], strict=True):  # from the root down
                 q = math.exp(grown.scores[child] - grown.scores[parent])
-                product *= self.calibration.calibrated(q, grown.depths[child])
+                product *= self.calibration.calibrated(q, grown.depths[child]) if q != 0.0 else 0.0
             return product
 
         candidates = self._candidates(grown.nodes)
