@@ -29,7 +29,6 @@ import hashlib
 import logging
 import os
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -40,6 +39,7 @@ from typing import Any
 
 from orchestrator.config.mirror_check import MirrorRefused, check_mirror
 from orchestrator.config.text import printable
+from remote_worker.heartbeat import beating
 from remote_worker.prompt_set import Prompt, PromptSetError, unencodable
 
 Row = Mapping[str, Any]
@@ -262,20 +262,14 @@ def _preparing_said(set_name: str, size: int | None, cache: Path | None) -> Iter
     if size is None or cache is None or size < PREPARING_FROM_BYTES or (cache.is_dir() and any(cache.iterdir())):
         yield
         return
-    preparing, done, started = _Preparing(set_name, size, cache), threading.Event(), time.monotonic()
+    preparing, started = _Preparing(set_name, size, cache), time.monotonic()
     print(preparing.first_line(), file=sys.stderr, flush=True)
 
-    def tick() -> None:
-        while not done.wait(PREPARING_EVERY_S):
-            print(preparing.line(time.monotonic() - started), file=sys.stderr, flush=True)
+    def say() -> None:
+        print(preparing.line(time.monotonic() - started), file=sys.stderr, flush=True)
 
-    ticker = threading.Thread(target=tick, name="mirror-progress", daemon=True)
-    ticker.start()
-    try:
+    with beating(PREPARING_EVERY_S, say, "mirror-progress"):
         yield
-    finally:
-        done.set()
-        ticker.join()
 
 
 @contextmanager

@@ -12,7 +12,6 @@ shapes fixed per (method, budget) and buffers allocated once there should be non
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -27,6 +26,7 @@ from remote_worker.decoding.fixed_round import FixedRound
 from remote_worker.decoding.loop import decode_from, fixed_capacity, prefill
 from remote_worker.decoding.online_budget import OnlineBudget
 from remote_worker.decoding.online_round import OnlineRound
+from remote_worker.heartbeat import beating
 from remote_worker.models.target import TargetModel, prefill_chunk
 
 LOG = logging.getLogger(__name__)
@@ -75,19 +75,10 @@ class CompileProgress:
     def graph(self, what: str) -> Iterator[None]:
         since = time.monotonic()
         self._report(what, since)
-        done = threading.Event()
-
-        def beat() -> None:
-            while not done.wait(self.every):
-                self._report(what, since)
-
-        ticker = threading.Thread(target=beat, name="compile-progress", daemon=True)
-        ticker.start()
         try:
-            yield
+            with beating(self.every, lambda: self._report(what, since), "compile-progress"):
+                yield
         finally:
-            done.set()
-            ticker.join()
             self.took.append(time.monotonic() - since)
 
 
