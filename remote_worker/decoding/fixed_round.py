@@ -198,13 +198,17 @@ class FixedRound:
             self.seed.fill_(int(torch.randint(0, 2**32, (1,), generator=generator, device=device)))
             self.draws.zero_()
 
-    def compile(self, mode: str | None = None) -> None:
-        """The round compiled (`compiled_entry`), its buffers static: every tensor it updates in place."""
+    def buffers(self) -> list[torch.Tensor]:
+        """Every tensor the round updates in place (static to a compiled graph)."""
         cache, context = self.cache, self.context
         tensors = [cache.kv, cache.conv, cache.recurrent, cache.device_length, self.root, self.seed, self.draws]
         if context is not None and hasattr(context, "buffer"):
             tensors += [context.buffer, context.device_length]
-        self.run = compiled_entry(self.step, mode, [t for t in tensors if t is not None])
+        return [t for t in tensors if t is not None]
+
+    def compile(self, mode: str | None = None) -> None:
+        """The round compiled (`compiled_entry`), its buffers static."""
+        self.run = compiled_entry(self.step, mode, self.buffers())
 
     def draft(self, budget: int | None = None) -> DeviceTree:
         """This round's draft tree (DDTree: of `budget` nodes, the round's own by default)."""

@@ -81,6 +81,9 @@ class OnlineRound(FixedRound):
     def round_nodes(self) -> int:
         return self.chosen + 1
 
+    def buffers(self) -> list[torch.Tensor]:
+        return super().buffers() + self._tree_buffers()
+
     def _tree_buffers(self, tree: DeviceTree | None = None) -> list[torch.Tensor]:
         """Every tensor of `tree` (the round's own buffers by default), in the dataclass's order."""
         return [getattr(tree or self.tree, name) for name in _TREE_PARTS]
@@ -105,12 +108,7 @@ class OnlineRound(FixedRound):
 
     def compile(self, mode: str | None = None) -> None:
         """One draft and one verify graph per size (`compiled_entry`), every buffer they update static."""
-        cache, context = self.cache, self.context
-        tensors = [cache.kv, cache.conv, cache.recurrent, cache.device_length, self.root, self.seed, self.draws]
-        if context is not None and hasattr(context, "buffer"):
-            tensors += [context.buffer, context.device_length]
-        tensors = [t for t in tensors + self._tree_buffers() if t is not None]
-        sizes = self.policy.sizes
+        tensors, sizes = self.buffers(), self.policy.sizes
         self.drafts = {size: compiled_entry(self._draft_at(size), mode, tensors) for size in sizes}
         self.verifies = {size: compiled_entry(self._verify_at(size), mode, tensors) for size in sizes}
 
