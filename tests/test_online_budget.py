@@ -90,9 +90,10 @@ def test_a_fixed_budget_until_the_history_and_the_costs_exist() -> None:
     assert online.choose(tree) == 4
 
 
-def test_a_round_grows_twice_as_far_as_the_last_one_verified() -> None:
-    """`grow_to`: the fixed budget until the policy is ready; then the smallest size of at least twice the last
-    round's budget (the largest where none is): a round that chose the most it could see sees further next."""
+def test_a_round_grows_further_only_after_one_that_verified_all_it_grew() -> None:
+    """`grow_to`: the fixed budget until the policy is ready; then, after a round that verified all it grew, the
+    smallest size of at least twice its budget (the largest where none is): a round that chose the most it could
+    see sees further next; after one that verified less, that budget again: it looked, and goes back."""
     online = OnlineBudget(64, (4, 16, 32, 64), 16)
     assert online.grow_to() == 16  # not ready
     online.cost_ms, online.calibration.rounds = (lambda n: 1.0), WARMUP_ROUNDS
@@ -104,7 +105,12 @@ def test_a_round_grows_twice_as_far_as_the_last_one_verified() -> None:
         online.observe(tree.first(chosen), [0])
     online.cost_ms = lambda n: 1.0 + n  # nodes cost as much as a round: the fewest
     assert online.choose(tree.prefix(online.grow_to())) == 4 and online.observe(tree.first(4), [0]) is None
-    assert online.grow_to() == 16  # twice 4 is no size: the next one
+    assert online.grow_to() == 4  # it verified 4 of the 64 it grew: no further than 4
+    assert online.choose(tree.prefix(4)) == 4 and online.observe(tree.first(4), [0]) is None
+    assert online.grow_to() == 16  # all it grew: further, and twice 4 is no size, so the next one
+    online.cost_ms = lambda n: {4: 1.0, 16: 1.2}[n]
+    assert online.choose(tree.prefix(16)) == 16 and online.observe(tree.first(16), [0]) is None
+    assert online.grow_to() == 32
 
 
 def test_calibration_converges_to_a_drafter_whose_confidences_are_known() -> None:

@@ -11,11 +11,13 @@ already knows both sides of that trade:
   (a node counts once: it adds one token exactly when its path is accepted);
 - the host's cost of a round at budget n (`cost_ms`, from the node-cost probe's measurements).
 
-So a round grows the best-first tree as far as the policy may want (`grow_to`: the smallest size of at least
-twice the budget it chose last, at most the largest budget B), and verifies only its first n nodes, n
-maximizing expected tokens over cost. Growing costs too (the heap's pops, on the host): growing to B every
-round, as a fixed DDTree of B does, paid for nodes most rounds never verify; a round that chose the most it
-could see sees at least twice as far next round.
+So a round grows the best-first tree as far as the policy may want (`grow_to`), and verifies only its first n
+nodes, n maximizing expected tokens over cost. Growing costs too (the heap's pops on the host, the device
+tree's selections on a compiled round): growing to the largest budget B every round, as a fixed DDTree of B
+does, paid for nodes most rounds never verify. So the tree grows to the last round's n, and past it (to the
+smallest size of at least twice n, at most B) only when the last round verified all it had grown: a round that
+chose the most it could see sees further next round, and one that looked further and found nothing worth it
+goes back.
 By the prefix property (`tree_build`) the first n nodes of a tree grown to any size are exactly the tree of
 budget n, so the round is a DDTree round of budget n: at temperature 0 its tokens are AR's, at T > 0 the same
 exact sample-and-match verification.
@@ -146,6 +148,8 @@ class OnlineBudget:
     calibration: Calibration = field(default_factory=Calibration)
     verified: dict[int, int] = field(default_factory=dict)  # budget -> rounds that verified it (every decode's)
     last: int = 0  # the budget the last round verified (0: none yet)
+    full: bool = True  # whether it verified the whole tree it grew (it would have verified more: grow further)
+    _grown: int = 0  # the nodes of the tree the last choice was made over
 
     @classmethod
     def for_budgets(cls, budgets: Sequence[int]) -> OnlineBudget:
@@ -182,7 +186,7 @@ class OnlineBudget:
 
     def reset_history(self) -> None:
         """Forget every round seen (a warm-up's), keeping the costs."""
-        self.calibration, self.verified, self.last = Calibration(), {}, 0
+        self.calibration, self.verified, self.last, self.full = Calibration(), {}, 0, True
 
     def measured(self, costs: NodeCosts) -> None:
         """The host's costs as the node-cost probe measured them so far: the choices use them from now on."""
@@ -199,11 +203,15 @@ class OnlineBudget:
         return self.cost_ms is not None and self.calibration.rounds >= WARMUP_ROUNDS
 
     def grow_to(self) -> int:
-        """How far this round's tree grows: the fixed budget until `ready`, then the smallest size of at least
-        twice the last round's budget (the largest where none is)."""
+        """How far this round's tree grows: the fixed budget until `ready`; then, when the last round verified
+        the whole tree it grew (it chose the most it could see), the smallest size of at least twice its budget
+        (the largest where none is); else that budget again (the smallest size where nothing was verified
+        yet). So a tree grows past what is verified only to look further, and a round that looked and found
+        nothing worth it goes back: growth costs (the heap's pops, the device tree's selections)."""
         if not self.ready:
             return self.fixed
-        return next((n for n in self.sizes if n >= 2 * self.last), self.sizes[-1])
+        wanted = 2 * self.last if self.full else self.last
+        return next((n for n in self.sizes if n >= wanted), self.sizes[-1])
 
     def _round_ms(self, n: int, grown: int) -> float:
         """A round that verifies n nodes of a tree grown to `grown` nodes (root excluded)."""
@@ -224,7 +232,7 @@ class OnlineBudget:
         """`choose` over a tree given as its nodes' scores, parents and depths (node 0 the root). Padding (a
         score of -inf, as a fixed-shape tree has where the candidates ran out) has no chance of acceptance,
         so it is never worth its cost."""
-        nodes = len(scores) - 1
+        nodes = self._grown = len(scores) - 1
         if not self.ready or self.cost_ms is None:
             return min(self.fixed, nodes)
         candidates = self._candidates(nodes)
@@ -284,5 +292,6 @@ class OnlineBudget:
             [node in on_path for node in steps],
         )
         budget = len(parents) - 1
+        self.full = budget >= self._grown
         self.verified[budget] = self.verified.get(budget, 0) + 1
         self.last = budget

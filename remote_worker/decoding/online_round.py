@@ -8,9 +8,9 @@ accepted path (the round's second transfer: `fixed_round.run_rounds`'s).
 
 - G and n are both sizes of `policy.sizes` (the run's budgets: `OnlineBudget.captured`): one draft graph and one
   verify graph per size, all compiled and captured by `warm_every_size` before the decodes, so no decode
-  compiles (`CompiledRounds.recompiles`). G is the policy's `grow_to`, as on the reference round: the smallest
-  size of at least twice the last round's n, so a round does not pay for the largest tree when it verifies a
-  small one.
+  compiles (`CompiledRounds.recompiles`). G is the policy's `grow_to`, as on the reference round (the last
+  round's n, or twice it when that round verified all it grew), so a round does not pay for the largest tree
+  when it verifies a small one.
 - The tree of G nodes' first n + 1 nodes are the tree of budget n (`DeviceTree.prefix`), so a round is a DDTree
   round of budget n, exact as every fixed round is.
 - What a round costs is what this round measures, not the reference round's node costs: the two transfers
