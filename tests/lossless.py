@@ -7,6 +7,7 @@ import torch
 from remote_worker.decoding.fixed_round import FixedRound
 from remote_worker.decoding.loop import decode, decode_from, fixed_capacity, prefill
 from remote_worker.decoding.online_budget import WARMUP_ROUNDS, OnlineBudget
+from remote_worker.decoding.online_round import OnlineRound
 from remote_worker.models.target import TargetModel
 from tests.teacher_drafter import TeacherDrafter
 
@@ -27,7 +28,8 @@ def assert_lossless(
     """AR decodes `prompt`; then DFlash and DDTree at every budget, with `draft` (when there is one) and with a
     teacher that knows AR's continuation, must emit exactly AR's tokens, trees never past their budget; and
     so must the fixed-shape rounds on the device (`fixed_round`), accepting what the reference round accepts
-    (unless `fixed` is False); and so must `ddtree_online` (unless `online` is False).
+    (unless `fixed` is False); and so must `ddtree_online` (unless `online` is False), on the reference round
+    and, with the teacher, on its fixed-shape round (`online_round`).
     Returns how many teacher runs at a budget of at least `deep_budget` committed a path of 3 tokens or more
     (the teacher is there to make long paths commit through every layer kind; callers check it did)."""
     ar = decode(target, prompt, method="ar", max_new_tokens=new_tokens)
@@ -65,4 +67,12 @@ def assert_lossless(
                              budget=max(budgets), online=policy)  # fmt: skip
         assert result.tokens == ar.tokens, (seed, "ddtree_online", name)
         assert {size - 1 for size in result.tree_sizes} <= set(budgets), (seed, "ddtree_online", name)
+        if fixed and drafter is teacher:  # and on its fixed-shape round (`online_round`), whose paths commit deep
+            policy = OnlineBudget(max(budgets), tuple(sorted(set(budgets))), min(budgets), lambda n: 1 + n / 16)
+            policy.calibration.rounds = WARMUP_ROUNDS
+            rounds = OnlineRound(target, capacity, drafter=drafter, policy=policy)
+            result = decode_from(target, start, method="ddtree", max_new_tokens=new_tokens, drafter=drafter,
+                                 budget=max(budgets), rounds=rounds)  # fmt: skip
+            assert result.tokens == ar.tokens, (seed, "ddtree_online fixed", name)
+            assert {size - 1 for size in result.tree_sizes} <= set(budgets), (seed, "ddtree_online fixed", name)
     return deep

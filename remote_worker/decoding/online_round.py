@@ -15,8 +15,10 @@ accepted path (the round's second transfer: `fixed_round.run_rounds`'s).
   round of budget n, exact as every fixed round is.
 - What a round costs is what this round measures, not the reference round's node costs: the two transfers
   synchronise, so the host clock times the draft stage (at G) and the verify stage (at n) apart at no extra
-  sync. The warm-up times each size's two stages, and each decoded round adds its own two times to their
-  windows; the policy prices a round at (n, G) as verify(n) + draft(G) (`OnlineBudget.priced`).
+  sync: the draft stage (the draft graph and the tree's transfer) and the verify stage (the choice, the verify
+  graph, the result's transfer and the policy's bookkeeping of it). The warm-up times each size's two stages,
+  and each decoded round adds its own two times to their windows; the policy prices a round at (n, G) as
+  verify(n) + draft(G) (`OnlineBudget.priced`).
 """
 
 from __future__ import annotations
