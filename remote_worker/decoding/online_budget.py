@@ -148,8 +148,7 @@ class OnlineBudget:
     calibration: Calibration = field(default_factory=Calibration)
     verified: dict[int, int] = field(default_factory=dict)  # budget -> rounds that verified it (every decode's)
     last: int = 0  # the budget the last round verified (0: none yet)
-    full: bool = True  # whether it verified the whole tree it grew (it would have verified more: grow further)
-    _grown: int = 0  # the nodes of the tree the last choice was made over
+    _grown: int = field(default=0, init=False, repr=False)  # the nodes of the tree the last choice was made over
 
     @classmethod
     def for_budgets(cls, budgets: Sequence[int]) -> OnlineBudget:
@@ -186,7 +185,7 @@ class OnlineBudget:
 
     def reset_history(self) -> None:
         """Forget every round seen (a warm-up's), keeping the costs."""
-        self.calibration, self.verified, self.last, self.full = Calibration(), {}, 0, True
+        self.calibration, self.verified, self.last, self._grown = Calibration(), {}, 0, 0
 
     def measured(self, costs: NodeCosts) -> None:
         """The host's costs as the node-cost probe measured them so far: the choices use them from now on."""
@@ -210,7 +209,8 @@ class OnlineBudget:
         nothing worth it goes back: growth costs (the heap's pops, the device tree's selections)."""
         if not self.ready:
             return self.fixed
-        wanted = 2 * self.last if self.full else self.last
+        full = self.last >= self._grown  # it verified the whole tree it grew: it would have verified more
+        wanted = 2 * self.last if full else self.last
         return next((n for n in self.sizes if n >= wanted), self.sizes[-1])
 
     def _round_ms(self, n: int, grown: int) -> float:
@@ -292,6 +292,5 @@ class OnlineBudget:
             [node in on_path for node in steps],
         )
         budget = len(parents) - 1
-        self.full = budget >= self._grown
         self.verified[budget] = self.verified.get(budget, 0) + 1
         self.last = budget

@@ -110,9 +110,9 @@ class OnlineRound(FixedRound):
 
     def compile(self, mode: str | None = None) -> None:
         """One draft and one verify graph per size (`compiled_entry`), every buffer they update static."""
-        tensors, sizes = self.buffers(), self.policy.sizes
-        self.drafts = {size: compiled_entry(self._draft_at(size), mode, tensors) for size in sizes}
-        self.verifies = {size: compiled_entry(self._verify_at(size), mode, tensors) for size in sizes}
+        tensors = self.buffers()
+        self.drafts = {size: compiled_entry(draft, mode, tensors) for size, draft in self.drafts.items()}
+        self.verifies = {size: compiled_entry(verify, mode, tensors) for size, verify in self.verifies.items()}
 
     def online_round(self) -> RoundOutput:
         """Draft at the policy's G, read the tree, choose n, verify n (`seen` ends the round once its result
